@@ -1,0 +1,87 @@
+"""The arithmetic of gradient accumulation, kept in one place.
+
+Every count the trainer needs (updates per epoch, total updates, how much a
+micro-batch weighs in its window) is derived here and nowhere else, so the
+contract in the README has one implementation to test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+from .errors import FinetuneError
+
+T = TypeVar("T")
+
+
+def validate_accumulation_steps(value: Any) -> int:
+    """Return ``value`` if it is a usable ``gradient_accumulation_steps``, else raise.
+
+    Booleans and floats are refused even when they look whole (``True``,
+    ``4.0``): a recipe that says ``n_accumulate: 2.5`` is a mistake to report,
+    not a number to round.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FinetuneError(
+            f"gradient_accumulation_steps must be a whole number >= 1 (got {value!r}); "
+            "set it in the recipe or pass --gradient_accumulation_steps 4"
+        )
+    if value < 1:
+        raise FinetuneError(
+            f"gradient_accumulation_steps must be >= 1 (got {value}); "
+            "set it in the recipe or pass --gradient_accumulation_steps 4"
+        )
+    return value
+
+
+def updates_per_epoch(micro_batches_per_epoch: int, accumulation_steps: int) -> int:
+    """Optimizer updates in one epoch: every window, the trailing partial one included."""
+    return math.ceil(micro_batches_per_epoch / accumulation_steps)
+
+
+def total_updates(
+    micro_batches_per_epoch: int, accumulation_steps: int, num_train_epochs: float, max_steps: int
+) -> int:
+    """Updates in the whole run: ``max_steps`` when it is set (> 0), else epochs x updates per epoch.
+
+    A fractional ``num_train_epochs`` rounds up to a whole update, as stock
+    ``Trainer`` does.
+    """
+    if max_steps > 0:
+        return max_steps
+    return math.ceil(num_train_epochs * updates_per_epoch(micro_batches_per_epoch, accumulation_steps))
+
+
+def epochs_to_run(total: int, updates_in_epoch: int) -> int:
+    """Epochs (whole or the last one cut short) needed to reach ``total`` updates."""
+    return math.ceil(total / updates_in_epoch)
+
+
+def windows(micro_batches: Iterable[T], accumulation_steps: int) -> Iterator[list[T]]:
+    """Group micro-batches into accumulation windows of ``accumulation_steps``.
+
+    The last window of an epoch may be shorter; it is yielded, never dropped,
+    so every sample trains once per epoch.
+    """
+    window: list[T] = []
+    for micro_batch in micro_batches:
+        window.append(micro_batch)
+        if len(window) == accumulation_steps:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def micro_batch_weight(micro_samples: int, window_samples: int, num_processes: int = 1) -> float:
+    """The factor that turns a micro-batch's mean loss into its share of the window's loss.
+
+    The window's full-batch loss is the mean over all its samples, so a
+    micro-batch of ``micro_samples`` contributes ``micro_samples /
+    window_samples`` of it, never ``1 / n``. ``window_samples`` is summed over
+    every process; DDP then averages gradients over processes, which the
+    ``num_processes`` factor undoes.
+    """
+    return micro_samples * num_processes / window_samples

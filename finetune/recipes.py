@@ -1,0 +1,174 @@
+"""Read a recipe (YAML) and command-line flags into the argument dataclasses.
+
+A recipe is data: a YAML mapping of field names to values. Flags override it.
+Both go through the same ``HfArgumentParser`` so a value means the same thing
+whichever way it was given (``learning_rate: 1e-4`` in YAML is a float here,
+although YAML alone would read it as a string).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+from transformers import HfArgumentParser
+
+from .arguments import DataArguments, FinetuneTrainingArguments, ModelArguments
+from .errors import FinetuneError
+
+# Names people know from other tools, accepted as spellings of ours.
+ALIASES = {"n_accumulate": "gradient_accumulation_steps"}
+
+
+@dataclass
+class Recipe:
+    """The three argument groups of one run, plus where they came from."""
+
+    model: ModelArguments
+    data: DataArguments
+    training: FinetuneTrainingArguments
+    source: str | None
+    values: dict[str, Any]
+
+
+class _Parser(HfArgumentParser):
+    """An ``HfArgumentParser`` that raises ``FinetuneError`` instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise FinetuneError(_explain_argparse_error(message))
+
+
+def build_parser() -> HfArgumentParser:
+    """The parser for every field a recipe or flag may set."""
+    return _Parser((ModelArguments, DataArguments, FinetuneTrainingArguments))
+
+
+def valid_keys() -> list[str]:
+    """Every key a recipe may use: the dataclass fields and their aliases."""
+    keys = [action.dest for action in build_parser()._actions if action.dest != "help"]
+    return sorted(set(keys) | set(ALIASES))
+
+
+def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Recipe:
+    """Read ``recipe_path`` (may be None: flags only) and apply ``flags`` on top."""
+    flags = list(flags or [])
+    values = _read_yaml(recipe_path) if recipe_path else {}
+    values = _resolve_aliases(values, recipe_path or "the flags")
+    keys = set(valid_keys())
+    for key in values:
+        if key not in keys:
+            raise FinetuneError(f"unknown key '{key}' in {recipe_path}{_suggest(key, keys)}")
+
+    parser = build_parser()
+    flag_argv = [_rename_alias_flag(token) for token in flags]
+    given = _given_flags(flag_argv, keys)
+    argv = _to_argv(values) + flag_argv
+    try:
+        model, data, training = parser.parse_args_into_dataclasses(args=argv)
+    except FinetuneError:
+        raise
+    except ValueError as error:
+        # TrainingArguments.__post_init__ speaks in ValueErrors; keep its first line.
+        first_line = str(error).strip().splitlines()[0]
+        raise FinetuneError(f"invalid training arguments: {first_line}")
+    return Recipe(model=model, data=data, training=training, source=recipe_path, values={**values, **given})
+
+
+def _rename_alias_flag(token: str) -> str:
+    """``--n_accumulate 4`` / ``--n_accumulate=4`` become ``--gradient_accumulation_steps ...``."""
+    name, equals, value = token.partition("=")
+    if name.startswith("--") and name[2:].replace("-", "_") in ALIASES:
+        return f"--{ALIASES[name[2:].replace('-', '_')]}{equals}{value}"
+    return token
+
+
+def _read_yaml(recipe_path: str) -> dict[str, Any]:
+    path = Path(recipe_path)
+    if not path.is_file():
+        raise FinetuneError(f"recipe not found: {recipe_path}; check the path (recipes live in recipes/*.yaml)")
+    try:
+        # safe_load: a recipe is data and must never construct Python objects.
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "cannot be parsed"
+        raise FinetuneError(f"recipe {recipe_path} is not valid YAML{where}: {problem}; fix that line")
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise FinetuneError(
+            f"recipe {recipe_path} must be a mapping of 'key: value' lines, not a {type(loaded).__name__}"
+        )
+    return loaded
+
+
+def _resolve_aliases(values: dict[str, Any], where: str) -> dict[str, Any]:
+    resolved = dict(values)
+    for alias, name in ALIASES.items():
+        if alias in resolved:
+            if name in resolved:
+                raise FinetuneError(f"{where} sets both {alias} and {name}; keep one of them")
+            resolved[name] = resolved.pop(alias)
+    return resolved
+
+
+def _suggest(key: str, keys: set[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else "; run 'finetune train --help' for the valid keys"
+
+
+def _given_flags(argv: list[str], keys: set[str]) -> dict[str, Any]:
+    """The flags the user typed, as raw strings, and an error for any unknown one."""
+    given: dict[str, Any] = {}
+    current = None
+    for token in argv:
+        if token.startswith("--"):
+            name, _, inline = token[2:].partition("=")
+            name = name.replace("-", "_")
+            if name.startswith("no_") and name[3:] in keys:
+                given[name[3:]] = False
+                current = None
+                continue
+            if name not in keys:
+                raise FinetuneError(f"unknown flag '--{name}'{_suggest(name, keys)}")
+            given[name] = inline if inline else True
+            current = None if inline else name
+        elif current is not None:
+            given[current] = token if given[current] is True else [*_as_list(given[current]), token]
+    return given
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _to_argv(values: dict[str, Any]) -> list[str]:
+    """Render recipe values as flags so argparse applies one set of types and checks."""
+    argv: list[str] = []
+    for key, value in values.items():
+        if value is None:
+            continue  # null in a recipe means "use the default"
+        if isinstance(value, bool):
+            argv += [f"--{key}", "true" if value else "false"]
+        elif isinstance(value, list):
+            if value:
+                argv += [f"--{key}", *[str(item) for item in value]]
+        elif isinstance(value, dict):
+            argv += [f"--{key}", json.dumps(value)]
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def _explain_argparse_error(message: str) -> str:
+    # argparse says "argument --x/--x: invalid int value: '2.5'"; name the field and the fix.
+    if message.startswith("argument "):
+        names, _, problem = message[len("argument ") :].partition(": ")
+        field_name = names.split("/")[0].lstrip("-")
+        return f"{field_name}: {problem}; fix it in the recipe or pass --{field_name} with a valid value"
+    return message

@@ -1,0 +1,357 @@
+"""``ReviewTrainer``: ``transformers.Trainer`` with an exact gradient-accumulation loop.
+
+Stock ``Trainer`` divides each micro-batch loss by the number of micro-batches
+in the window, or (for models that accept ``num_items_in_batch``, BERT
+classifiers included) by nothing at all, which makes updates n times too large.
+Here each micro-batch's mean loss is weighted by its share of the window's
+samples, so every update equals one full-batch step on the window's samples,
+whatever the size of the last micro-batch or window. See the README's
+"Accumulation contract" for what is promised and tested.
+
+Everything else (optimizer and scheduler creation, Accelerate, evaluation,
+checkpoints, callbacks) is Trainer's own; only the inner loop is replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import time
+import warnings
+from typing import Any
+
+import torch
+from accelerate import skip_first_batches
+from torch import nn
+from transformers import ProgressCallback, Trainer
+from transformers.trainer_utils import SaveStrategy, TrainOutput, speed_metrics
+
+from .accumulation import (
+    epochs_to_run,
+    micro_batch_weight,
+    total_updates,
+    updates_per_epoch,
+    validate_accumulation_steps,
+    windows,
+)
+from .progress import EpochProgressBar, EvaluationProgressCallback
+
+
+class ReviewTrainer(Trainer):
+    """A drop-in ``Trainer`` whose ``train()`` runs an exact accumulation loop.
+
+    ``gradient_accumulation_steps`` (``n_accumulate``) micro-batches make one
+    window; the optimizer and the LR scheduler step once per window, and
+    ``state.global_step`` counts windows (updates).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        validate_accumulation_steps(self.args.gradient_accumulation_steps)
+        # Our loop draws its own per-epoch bar; keep stock evaluation bars.
+        if self.pop_callback(ProgressCallback) is not None:
+            self.add_callback(EvaluationProgressCallback)
+        self.skipped_updates = 0
+
+    # ------------------------------------------------------------------ setup
+
+    def _inner_training_loop(
+        self,
+        batch_size: int | None = None,
+        args: Any = None,
+        resume_from_checkpoint: str | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ) -> TrainOutput:
+        """Count updates, build optimizer and scheduler for them, then run the accumulation loop."""
+        args = args or self.args
+        self.accelerator.free_memory()
+        if args.auto_find_batch_size:
+            self._update_auto_batch_size(batch_size)
+        train_dataloader = self.get_train_dataloader()
+
+        accumulation_steps = args.gradient_accumulation_steps
+        micro_batches_per_epoch = len(train_dataloader)
+        if micro_batches_per_epoch == 0:
+            raise ValueError("the training set gives no batches; give it at least one review")
+        updates_in_epoch = updates_per_epoch(micro_batches_per_epoch, accumulation_steps)
+        if accumulation_steps > micro_batches_per_epoch:
+            warnings.warn(
+                f"gradient_accumulation_steps={accumulation_steps} is more than the {micro_batches_per_epoch} "
+                "micro-batches in an epoch: each epoch makes a single update from all of them",
+                UserWarning,
+                stacklevel=2,
+            )
+        max_steps = total_updates(micro_batches_per_epoch, accumulation_steps, args.num_train_epochs, args.max_steps)
+        num_epochs = epochs_to_run(max_steps, updates_in_epoch)
+
+        # Trainer's own helpers build the state, the optimizer and a scheduler
+        # sized in updates (warmup included), and prepare everything with Accelerate.
+        epochs_trained, micro_batches_done = self._init_training_state(
+            max_steps, updates_in_epoch, num_epochs, resume_from_checkpoint, trial
+        )
+        model, train_dataloader = self._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+
+        return self._run_accumulation_loop(
+            model=model,
+            train_dataloader=train_dataloader,
+            num_epochs=num_epochs,
+            micro_batches_per_epoch=micro_batches_per_epoch,
+            start_epoch=epochs_trained,
+            micro_batches_done=micro_batches_done,
+            resume_from_checkpoint=resume_from_checkpoint,
+            trial=trial,
+            ignore_keys_for_eval=ignore_keys_for_eval,
+        )
+
+    # ------------------------------------------------------------------- loop
+
+    def _run_accumulation_loop(
+        self,
+        model: nn.Module,
+        train_dataloader: Any,
+        num_epochs: int,
+        micro_batches_per_epoch: int,
+        start_epoch: int,
+        micro_batches_done: int,
+        resume_from_checkpoint: str | None,
+        trial: Any,
+        ignore_keys_for_eval: list[str] | None,
+    ) -> TrainOutput:
+        """The training loop: epochs of windows of micro-batches, one update per window."""
+        args = self.args
+        start_time = time.time()
+        self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
+        self._initial_global_step = self.state.global_step
+        self._globalstep_last_logged = self.state.global_step
+        self._loss_since_log = _LossTracker()
+        run_loss = _LossTracker()
+        model.zero_grad(set_to_none=True)
+
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if args.eval_on_start:
+            self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
+
+        for epoch in range(start_epoch, num_epochs):
+            epoch_batches = self._epoch_batches(train_dataloader, epoch)
+            micro_step = 0  # micro-batches consumed this epoch
+            if epoch == start_epoch and micro_batches_done > 0:
+                # Resuming inside an epoch: checkpoints sit on update boundaries, so skipping
+                # whole windows lands exactly where the interrupted run stopped.
+                epoch_batches = skip_first_batches(epoch_batches, micro_batches_done)
+                micro_step = micro_batches_done
+                self._load_rng_state(resume_from_checkpoint)
+            elif epoch == start_epoch and resume_from_checkpoint is not None:
+                self._load_rng_state(resume_from_checkpoint)
+
+            self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
+            epoch_loss = _LossTracker()
+            bar = EpochProgressBar(
+                epoch,
+                num_epochs,
+                micro_batches_per_epoch,
+                disable=args.disable_tqdm or not self.is_local_process_zero(),
+            )
+            bar.advance(micro_step, 0.0, self._get_learning_rate())
+
+            for window in windows(epoch_batches, args.gradient_accumulation_steps):
+                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                window_loss = self._accumulate_window(model, window, epoch_loss, bar)
+                micro_step += len(window)
+                grad_norm, learning_rate = self._update(model, window_loss)
+
+                run_loss.add(window_loss)
+                self._loss_since_log.add(window_loss)
+                self.state.global_step += 1
+                self.state.epoch = epoch + micro_step / micro_batches_per_epoch
+                bar.advance(0, epoch_loss.mean(), learning_rate)
+
+                self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                self._log_evaluate_save(model, trial, ignore_keys_for_eval, start_time, grad_norm, learning_rate)
+                if self.control.should_epoch_stop or self.control.should_training_stop:
+                    break
+            bar.close()
+
+            self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+            self._log_evaluate_save(model, trial, ignore_keys_for_eval, start_time, None, self._get_learning_rate())
+            if self.control.should_training_stop:
+                break
+
+        return self._finish_training(trial, start_time, run_loss)
+
+    def _accumulate_window(
+        self, model: nn.Module, window: list[dict[str, Any]], epoch_loss: _LossTracker, bar: EpochProgressBar
+    ) -> _LossTracker:
+        """Forward and backward every micro-batch of one window, weighting each by its share of samples."""
+        micro_samples = [self._count_samples(inputs) for inputs in window]
+        window_samples = self._sum_over_processes(sum(micro_samples))
+        window_loss = _LossTracker()
+        for index, (inputs, samples) in enumerate(zip(window, micro_samples)):
+            is_update_step = index == len(window) - 1
+            # Gradients are all-reduced once per update, on the window's last micro-batch.
+            self.accelerator.gradient_state._set_sync_gradients(is_update_step)
+            sync_context = (
+                contextlib.nullcontext if is_update_step else functools.partial(self.accelerator.no_sync, model=model)
+            )
+            weight = micro_batch_weight(samples, window_samples, self.accelerator.num_processes)
+            with sync_context():
+                mean_loss = self._forward_backward(model, inputs, weight)
+            window_loss.add_mean(mean_loss, samples)
+            epoch_loss.add_mean(mean_loss, samples)
+            bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
+            if not is_update_step:
+                self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
+        return window_loss
+
+    def _forward_backward(self, model: nn.Module, inputs: dict[str, Any], weight: float) -> float:
+        """One micro-batch: its mean loss, backpropagated with ``weight``. Returns the unscaled mean loss."""
+        model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()  # schedule-free optimizers switch modes
+        self.current_flos += float(self.floating_point_ops(inputs))
+        self._track_num_input_tokens(inputs)
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            mean_loss = self.compute_loss(model, inputs)
+        if self.args.n_gpu > 1:
+            mean_loss = mean_loss.mean()  # nn.DataParallel returns one loss per device
+        # Accelerate applies the fp16 GradScaler here; Trainer set its own accumulation to 1.
+        self.accelerator.backward(mean_loss * weight)
+        return mean_loss.detach().float().item()
+
+    def _update(self, model: nn.Module, window_loss: _LossTracker) -> tuple[float | None, float]:
+        """Clip, step the optimizer and the scheduler once, on the whole window's gradient.
+
+        Returns the pre-clip gradient norm and the learning rate this update used.
+        A non-finite loss or gradient skips the step (and the scheduler) and is counted.
+        """
+        grad_norm = self._clip_grad_norm(model) if self.args.max_grad_norm > 0 else self._get_grad_norm(model)
+        grad_norm = float(grad_norm) if grad_norm is not None else None
+        learning_rate = self._get_learning_rate()
+        finite = math.isfinite(window_loss.mean()) and (grad_norm is None or math.isfinite(grad_norm))
+
+        # With fp16 the GradScaler must see overflowing steps to lower its scale, so it decides.
+        if finite or self.accelerator.scaler is not None:
+            self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
+            self.optimizer.step()
+            self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
+            skipped = self.accelerator.optimizer_step_was_skipped
+        else:
+            skipped = True
+        if skipped:
+            self.skipped_updates += 1
+        elif not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.lr_scheduler.step()
+        model.zero_grad(set_to_none=True)
+        return grad_norm, learning_rate
+
+    # -------------------------------------------------------------- bookkeeping
+
+    def _epoch_batches(self, train_dataloader: Any, epoch: int) -> Any:
+        """The dataloader with its sampler set to ``epoch`` (so shuffling differs per epoch but is reproducible)."""
+        if hasattr(train_dataloader, "set_epoch"):
+            train_dataloader.set_epoch(epoch)
+        inner_sampler = getattr(getattr(train_dataloader, "batch_sampler", None), "batch_sampler", None)
+        if hasattr(inner_sampler, "set_epoch"):
+            inner_sampler.set_epoch(epoch)
+        return train_dataloader
+
+    @staticmethod
+    def _count_samples(inputs: dict[str, Any]) -> int:
+        """Samples in a micro-batch: the rows of its labels (or of its first tensor)."""
+        reference = inputs.get("labels")
+        if reference is None:
+            reference = next(value for value in inputs.values() if isinstance(value, torch.Tensor))
+        return int(reference.shape[0])
+
+    def _sum_over_processes(self, count: int) -> int:
+        """``count`` summed over all processes (a no-op on one)."""
+        if self.accelerator.num_processes == 1:
+            return count
+        total = self.accelerator.reduce(torch.tensor(count, device=self.args.device), reduction="sum")
+        return int(total.item())
+
+    def _log_evaluate_save(
+        self,
+        model: nn.Module,
+        trial: Any,
+        ignore_keys_for_eval: list[str] | None,
+        start_time: float,
+        grad_norm: float | None,
+        learning_rate: float,
+    ) -> None:
+        """Log, evaluate and save when the callbacks ask for it (Trainer's flow, our loss)."""
+        if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
+            loss_sum, samples = self._loss_since_log.reduced(self.accelerator)
+            logs: dict[str, float] = {"loss": loss_sum / samples if samples else float("nan")}
+            if grad_norm is not None:
+                logs["grad_norm"] = grad_norm
+            logs["learning_rate"] = learning_rate
+            if self.skipped_updates:
+                logs["skipped_updates"] = self.skipped_updates
+            self._loss_since_log = _LossTracker()
+            self._globalstep_last_logged = self.state.global_step
+            self.store_flos()
+            self.log(logs, start_time)
+
+        if self.control.should_evaluate:
+            metrics = self._evaluate(trial, ignore_keys_for_eval)
+            is_new_best = self._determine_best_metric(metrics=metrics, trial=trial)
+            if self.args.save_strategy == SaveStrategy.BEST:
+                self.control.should_save = is_new_best
+
+        if self.control.should_save:
+            self._save_checkpoint(model, trial)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    def _finish_training(self, trial: Any, start_time: float, run_loss: _LossTracker) -> TrainOutput:
+        """Final metrics, best-model reload, ``on_train_end``."""
+        loss_sum, samples = run_loss.reduced(self.accelerator)
+        train_loss = loss_sum / samples if samples else float("nan")
+        metrics = speed_metrics(
+            "train", start_time, num_samples=samples, num_steps=self.state.global_step - self._initial_global_step
+        )
+        self.store_flos()
+        metrics["total_flos"] = self.state.total_flos
+        metrics["train_loss"] = train_loss
+        metrics["skipped_updates"] = self.skipped_updates
+        self._memory_tracker.stop_and_update_metrics(metrics)
+        self.log(metrics)
+
+        if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
+            self._load_best_model()
+        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
+        self._finish_current_push()
+        self.is_in_train = False
+        return TrainOutput(self.state.global_step, train_loss, metrics)
+
+
+class _LossTracker:
+    """A running sum of per-sample losses and their count: means that do not depend on n."""
+
+    def __init__(self) -> None:
+        self.loss_sum = 0.0
+        self.samples = 0
+
+    def add_mean(self, mean_loss: float, samples: int) -> None:
+        """Add a micro-batch given its mean loss and size."""
+        self.loss_sum += mean_loss * samples
+        self.samples += samples
+
+    def add(self, other: _LossTracker) -> None:
+        """Add another tracker's totals."""
+        self.loss_sum += other.loss_sum
+        self.samples += other.samples
+
+    def mean(self) -> float:
+        """Per-sample mean so far (0.0 before any sample)."""
+        return self.loss_sum / self.samples if self.samples else 0.0
+
+    def reduced(self, accelerator: Any) -> tuple[float, int]:
+        """``(loss_sum, samples)`` summed over all processes."""
+        if accelerator.num_processes == 1:
+            return self.loss_sum, self.samples
+        totals = torch.tensor([self.loss_sum, float(self.samples)], device=accelerator.device, dtype=torch.float64)
+        totals = accelerator.reduce(totals, reduction="sum")
+        return float(totals[0]), int(totals[1])
