@@ -7,6 +7,7 @@ are checked in ``__post_init__`` so a bad recipe fails before any model loads.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -145,7 +146,7 @@ def parse_label_bins(value: dict | str | None) -> dict[str, list[float]] | None:
             raise FinetuneError(f"label_bins entry {name!r}: {spec!r} is not a rating or range like 1-2")
         bins[str(name)] = bounds
     ordered = sorted(bins.values())
-    for (_, high), (next_low, _) in zip(ordered, ordered[1:]):
+    for (_, high), (next_low, _) in itertools.pairwise(ordered):
         if next_low <= high:
             raise FinetuneError("label_bins ranges overlap; give each rating to exactly one class")
     return bins

@@ -4,7 +4,8 @@ import datasets
 import evaluate
 from sklearn.metrics import f1_score
 
-_DESCRIPTION = "F1 = harmonic mean of precision and recall. average=None gives one value per class; 'macro' weights classes equally."
+_DESCRIPTION = "F1 = harmonic mean of precision and recall."
+_AVERAGING = "average=None gives one value per class; 'macro' weights classes equally."
 _INPUTS = "predictions, references: lists of int class ids; labels: class ids to score; average: None, 'macro', ..."
 
 
@@ -13,7 +14,7 @@ class F1(evaluate.Metric):
 
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION,
+            description=f"{_DESCRIPTION} {_AVERAGING}",
             citation="",
             inputs_description=_INPUTS,
             features=datasets.Features({"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}),

@@ -4,7 +4,8 @@ import datasets
 import evaluate
 from sklearn.metrics import precision_score
 
-_DESCRIPTION = "Precision = true positives / predicted positives. average=None gives one value per class; 'macro' weights classes equally."
+_DESCRIPTION = "Precision = true positives / predicted positives."
+_AVERAGING = "average=None gives one value per class; 'macro' weights classes equally."
 _INPUTS = "predictions, references: lists of int class ids; labels: class ids to score; average: None, 'macro', ..."
 
 
@@ -13,7 +14,7 @@ class Precision(evaluate.Metric):
 
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION,
+            description=f"{_DESCRIPTION} {_AVERAGING}",
             citation="",
             inputs_description=_INPUTS,
             features=datasets.Features({"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}),

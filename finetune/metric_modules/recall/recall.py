@@ -4,7 +4,8 @@ import datasets
 import evaluate
 from sklearn.metrics import recall_score
 
-_DESCRIPTION = "Recall = true positives / actual positives. average=None gives one value per class; 'macro' weights classes equally."
+_DESCRIPTION = "Recall = true positives / actual positives."
+_AVERAGING = "average=None gives one value per class; 'macro' weights classes equally."
 _INPUTS = "predictions, references: lists of int class ids; labels: class ids to score; average: None, 'macro', ..."
 
 
@@ -13,7 +14,7 @@ class Recall(evaluate.Metric):
 
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION,
+            description=f"{_DESCRIPTION} {_AVERAGING}",
             citation="",
             inputs_description=_INPUTS,
             features=datasets.Features({"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}),
