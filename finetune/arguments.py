@@ -55,7 +55,7 @@ class DataArguments:
         default=None, metadata={"help": "Optional column holding a review title, joined before the text."}
     )
     label_column: str = field(default="label", metadata={"help": "Column holding the label or star rating."})
-    label_names: list[str] | None = field(
+    class_names: list[str] | None = field(
         default=None,
         metadata={"help": "Class names in id order. Inferred (sorted) from the training labels when omitted."},
     )
@@ -77,11 +77,11 @@ class DataArguments:
     def __post_init__(self) -> None:
         self.label_bins = parse_label_bins(self.label_bins)
         if self.label_bins is not None:
-            if self.label_names is not None and list(self.label_names) != list(self.label_bins):
+            if self.class_names is not None and list(self.class_names) != list(self.label_bins):
                 raise FinetuneError(
-                    "label_names and label_bins disagree; drop label_names, the bins already name the classes"
+                    "class_names and label_bins disagree; drop class_names, the bins already name the classes"
                 )
-            self.label_names = list(self.label_bins)
+            self.class_names = list(self.label_bins)
         if self.max_length < 1:
             raise FinetuneError(f"max_length must be >= 1 (got {self.max_length}); try --max_length 256")
         if not 0 < self.validation_split_percentage < 100:

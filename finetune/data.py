@@ -72,7 +72,7 @@ def load_review_splits(data_args: DataArguments, seed: int = 42) -> tuple[datase
     for split, table in raw.items():
         _check_columns(table, files[split], data_args)
 
-    label_names = data_args.label_names or _infer_label_names(raw["train"][data_args.label_column], files["train"])
+    label_names = data_args.class_names or _infer_label_names(raw["train"][data_args.label_column], files["train"])
     splits = datasets.DatasetDict(
         {split: _to_text_and_labels(table, files[split], data_args, label_names) for split, table in raw.items()}
     )
@@ -118,9 +118,9 @@ def _infer_label_names(values: list, path: Path) -> list[str]:
             return [str(value) for value in sorted(present)]
         raise FinetuneError(
             f"{path}: integer labels {sorted(present)[:10]} are not 0..K-1; "
-            "set label_names, or label_bins to group ratings into classes"
+            "set class_names, or label_bins to group ratings into classes"
         )
-    raise FinetuneError(f"{path}: labels mix numbers and text; set label_bins or label_names in the recipe")
+    raise FinetuneError(f"{path}: labels mix numbers and text; set label_bins or class_names in the recipe")
 
 
 def _to_text_and_labels(
@@ -162,14 +162,14 @@ def _label_id(raw_label: object, data_args: DataArguments, label_names: list[str
         if raw_label in label_names:
             return label_names.index(raw_label)
         raise FinetuneError(
-            f"{where}: unknown label {raw_label!r} (known: {', '.join(label_names)}); fix the row or set label_names"
+            f"{where}: unknown label {raw_label!r} (known: {', '.join(label_names)}); fix the row or set class_names"
         )
     if isinstance(raw_label, int) and not isinstance(raw_label, bool):
         if 0 <= raw_label < len(label_names):
             return raw_label
         raise FinetuneError(
             f"{where}: label {raw_label} is out of range for {len(label_names)} classes (0..{len(label_names) - 1}); "
-            "fix the row or set label_names"
+            "fix the row or set class_names"
         )
     raise FinetuneError(f"{where}: label {raw_label!r} is neither a class name nor a class id")
 

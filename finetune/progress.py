@@ -52,7 +52,11 @@ class EvaluationProgressCallback(ProgressCallback):
         return None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        return None
+        # Training loss is on the bar; print evaluation results, which people wait for.
+        if state.is_world_process_zero and logs and any(key.startswith("eval_") for key in logs):
+            shown = ("eval_loss", "eval_accuracy", "eval_macro_f1")
+            numbers = ", ".join(f"{key[5:]} {logs[key]:.4f}" for key in shown if key in logs)
+            tqdm.write(f"update {state.global_step} (epoch {state.epoch or 0:.2f}): {numbers}")
 
     def on_train_end(self, args, state, control, **kwargs):
         return None

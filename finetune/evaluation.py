@@ -1,0 +1,96 @@
+"""``finetune evaluate``: score a model folder, or every checkpoint of a run, on labelled reviews."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import FinetuneError
+
+
+def evaluate(
+    path: str,
+    data: str | None = None,
+    split: str = "test",
+    batch_size: int = 32,
+) -> list[dict[str, Any]]:
+    """Score ``path`` (a model folder or a run folder) and print a table; returns one report per model.
+
+    For a run folder every ``checkpoint-*`` is scored as well as the final
+    model, and the best by macro-F1 is marked. The data is the run's
+    ``split`` (from its recipe) unless ``data`` names a file with the same columns.
+    """
+    from .runs import checkpoints, require_model_folder
+
+    folder = Path(path)
+    if not folder.exists():
+        raise FinetuneError(f"{path} not found; pass a run folder (output_dir) or a checkpoint-* folder")
+    models = checkpoints(folder)
+    if (folder / "config.json").is_file() or not models:
+        models.append(folder)
+    for model_dir in models:
+        require_model_folder(model_dir)
+
+    reports = [_score(model_dir, data, split, batch_size) for model_dir in models]
+    best = max(range(len(reports)), key=lambda index: reports[index]["macro_f1"])
+    for index, report in enumerate(reports):
+        report["best"] = index == best
+    print(format_table(reports))
+    out_name = f"evaluation_{Path(data).stem if data else split}.json"
+    (folder / out_name).write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
+    print(f"saved to {folder / out_name}", file=sys.stderr)
+    return reports
+
+
+def _score(model_dir: Path, data: str | None, split: str, batch_size: int) -> dict[str, Any]:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from .inference import predict_probabilities
+    from .metrics import classification_report
+    from .runs import checkpoint_step
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
+    texts, labels, max_length = load_labelled_texts(model_dir, data, split, label_names)
+    probabilities = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, max_length=max_length)
+    report = classification_report(probabilities.argmax(-1), labels, label_names)
+    return {"model": str(model_dir), "step": checkpoint_step(model_dir), **report}
+
+
+def load_labelled_texts(
+    model_dir: Path, data: str | None, split: str, label_names: list[str]
+) -> tuple[list[str], list[int], int]:
+    """Texts and label ids to score ``model_dir`` on, read as its run's recipe says."""
+    from .arguments import DataArguments
+    from .data import load_review_splits
+    from .runs import find_run_config
+
+    run_config = find_run_config(model_dir)
+    if run_config is None and data is None:
+        raise FinetuneError(f"{model_dir} has no {split} data on record; pass --data FILE with text and label columns")
+    fields = dict(run_config["data"]) if run_config else {}
+    if data is not None:
+        if not Path(data).is_file():
+            raise FinetuneError(f"data file not found: {data}; check the path")
+        fields.update(dataset_dir=None, train_file=data, validation_file=data, test_file=data)
+    fields["class_names"] = label_names if not fields.get("label_bins") else None
+    data_args = DataArguments(**fields)
+    splits, _ = load_review_splits(data_args)
+    if split not in splits:
+        raise FinetuneError(f"the run's data has no '{split}' split; pass --split validation or --data FILE")
+    return list(splits[split]["text"]), list(splits[split]["labels"]), data_args.max_length
+
+
+def format_table(reports: list[dict[str, Any]]) -> str:
+    """A markdown table of the reports, the best marked with a star."""
+    lines = ["| model | step | accuracy | macro-F1 | best |", "| --- | --- | --- | --- | --- |"]
+    for report in reports:
+        step = "final" if report["step"] is None else str(report["step"])
+        mark = "*" if report.get("best") else ""
+        lines.append(
+            f"| {Path(report['model']).name} | {step} | {report['accuracy']:.4f} | {report['macro_f1']:.4f} | {mark} |"
+        )
+    return "\n".join(lines)

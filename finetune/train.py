@@ -1,0 +1,91 @@
+"""``finetune train``: load a recipe, train, evaluate on the test split, save, report."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import FinetuneError
+
+
+def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Run one recipe end to end and return its metrics (also written to ``output_dir``).
+
+    ``overrides`` are flags such as ``["--learning_rate", "3e-5"]``; they win
+    over the recipe's values.
+    """
+    from transformers import DataCollatorWithPadding
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from .data import load_review_splits, tokenize_splits
+    from .metrics import build_compute_metrics, classification_report
+    from .modeling import load_classifier, load_tokenizer
+    from .recipes import load_recipe
+    from .runs import prepare_output_dir, save_run_config
+    from .trainer import ReviewTrainer
+
+    # Arguments: recipe, then flags. Everything is checked before anything is written.
+    run = load_recipe(recipe, overrides)
+    args = run.training
+    resume = args.resume_from_checkpoint
+    if resume == "auto":
+        resume = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
+        if resume is None:
+            raise FinetuneError(f"no checkpoint to resume in {args.output_dir}; drop --resume_from_checkpoint")
+    prepare_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None)
+
+    # Data: read, map labels, tokenize.
+    splits, label_names = load_review_splits(run.data, seed=args.seed)
+    tokenizer = load_tokenizer(run.model)
+    encoded = tokenize_splits(splits, tokenizer, run.data.max_length)
+
+    # Model: the pretrained encoder with a new head for these classes.
+    model = load_classifier(run.model, label_names)
+
+    # Train.
+    trainer = ReviewTrainer(
+        model=model,
+        args=args,
+        train_dataset=encoded["train"],
+        eval_dataset=encoded.get("validation"),
+        data_collator=DataCollatorWithPadding(tokenizer),
+        processing_class=tokenizer,
+        compute_metrics=build_compute_metrics(label_names),
+    )
+    save_run_config(args.output_dir, run, ["finetune", "train", *([recipe] if recipe else []), *(overrides or [])])
+    started = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=resume)
+    train_seconds = time.perf_counter() - started
+
+    # Save: a standard model folder (config with id2label, safetensors, tokenizer).
+    trainer.save_model()
+    trainer.save_state()
+    metrics: dict[str, Any] = {**result.metrics, "train_wall_seconds": train_seconds}
+    trainer.save_metrics("train", metrics)
+
+    # Evaluate on the test split with the model that training ended with (the best, if asked).
+    if "test" in encoded:
+        prediction = trainer.predict(encoded["test"], metric_key_prefix="test")
+        report = classification_report(prediction.predictions.argmax(-1), prediction.label_ids, label_names)
+        metrics["test"] = report
+        trainer.save_metrics("test", {"test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"]})
+        Path(args.output_dir, "test_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+    # Report.
+    if trainer.is_world_process_zero():
+        _print_summary(args.output_dir, metrics, train_seconds)
+    return metrics
+
+
+def _print_summary(output_dir: str, metrics: dict[str, Any], train_seconds: float) -> None:
+    line = f"trained in {train_seconds:.0f}s, {metrics['train_samples_per_second']:.1f} samples/s"
+    if "test" in metrics:
+        test = metrics["test"]
+        line += (
+            f"; test accuracy {test['accuracy']:.3f}, macro-F1 {test['macro_f1']:.3f} ({test['num_samples']} reviews)"
+        )
+    print(line, file=sys.stderr)
+    print(f"model saved to {output_dir}", file=sys.stderr)
