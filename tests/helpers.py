@@ -1,0 +1,60 @@
+"""Small builders shared by the tests: datasets of short reviews and quiet TrainingArguments."""
+
+from __future__ import annotations
+
+import random
+
+import datasets
+import torch
+
+WORDS = (
+    "great terrible fine broke love awful okay cheap sturdy returned works perfect meh slow fast "
+    "battery lasted cracked comfortable refund gift"
+).split()
+
+
+def review_dataset(tokenizer, num_samples: int, seed: int = 0, max_words: int = 20) -> datasets.Dataset:
+    """``num_samples`` tokenized pseudo-reviews of varied length with random labels 0..2."""
+    rng = random.Random(seed)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, max_words))) for _ in range(num_samples)]
+    encoded = tokenizer(texts)
+    return datasets.Dataset.from_dict({**encoded, "labels": [rng.randrange(3) for _ in range(num_samples)]})
+
+
+def quiet_args(output_dir, **overrides):
+    """TrainingArguments for tests: CPU, fp32, no saving, no bars, no integrations."""
+    from finetune import FinetuneTrainingArguments
+
+    values = dict(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    values.update(overrides)
+    return FinetuneTrainingArguments(**values)
+
+
+def sgd_args(output_dir, micro_batch: int, accumulation_steps: int, epochs: int = 1, **overrides):
+    """The exactness setting of the contract: SGD lr=1, no clipping, no decay, sequential order."""
+    values = dict(
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulation_steps,
+        num_train_epochs=epochs,
+        learning_rate=1.0,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+        weight_decay=0.0,
+        train_sampling_strategy="sequential",
+    )
+    values.update(overrides)
+    return quiet_args(output_dir, **values)
+
+
+def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
+    """All parameters as one vector (a copy)."""
+    return torch.cat([parameter.detach().flatten().clone() for parameter in model.parameters()])

@@ -1,0 +1,157 @@
+"""Contract 1-3: every update equals one full-batch step on the window's samples.
+
+The reference here is independent of the trainer: plain PyTorch that collates
+each window's samples into one batch, takes its mean loss and subtracts the
+gradient (SGD, lr=1).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+from helpers import flat_parameters, review_dataset, sgd_args
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer, TrainerCallback
+
+from finetune import ReviewTrainer
+
+# The contract: parameters within 1e-6 of the reference, relative to the reference's norm.
+TOLERANCE = 1e-6
+# A second, stricter view: the error relative to how far the reference moved. Summing
+# per-micro-batch gradients that partly cancel costs a few 1e-6 of float32 rounding here,
+# while a wrongly scaled update is off by O(1).
+UPDATE_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def initial_model(tiny_model_dir):
+    return BertForSequenceClassification.from_pretrained(tiny_model_dir)
+
+
+def reference_full_batch_steps(model, dataset, collator, window_samples: int, epochs: int = 1) -> torch.Tensor:
+    """One explicit SGD(lr=1) step per window on the concatenation of its samples."""
+    model = copy.deepcopy(model)
+    model.train()
+    parameters = list(model.parameters())
+    for _ in range(epochs):
+        for start in range(0, len(dataset), window_samples):
+            rows = range(start, min(start + window_samples, len(dataset)))
+            batch = collator([dataset[row] for row in rows])
+            loss = model(**batch).loss
+            gradients = torch.autograd.grad(loss, parameters, allow_unused=True)
+            with torch.no_grad():
+                for parameter, gradient in zip(parameters, gradients):
+                    if gradient is not None:
+                        parameter -= gradient
+    return flat_parameters(model)
+
+
+def trained_parameters(trainer_class, model, dataset, collator, output_dir, micro_batch, n, epochs=1):
+    model = copy.deepcopy(model)
+    args = sgd_args(output_dir, micro_batch, n, epochs)
+    trainer_class(model=model, args=args, train_dataset=dataset, data_collator=collator).train()
+    return flat_parameters(model)
+
+
+def assert_matches_reference(trained: torch.Tensor, reference: torch.Tensor, initial: torch.Tensor) -> None:
+    weight_error = float((trained - reference).norm() / reference.norm())
+    update_error = float((trained - reference).norm() / (reference - initial).norm())
+    assert weight_error < TOLERANCE, f"relative error {weight_error:.3g}"
+    assert update_error < UPDATE_TOLERANCE, f"error relative to the update {update_error:.3g}"
+
+
+@pytest.mark.parametrize(
+    ("samples", "micro_batch", "n"),
+    [(12, 3, 2), (10, 3, 2), (12, 3, 3), (10, 4, 4)],
+    ids=["divisible", "short-last-micro-batch", "divisible-n3", "partial-window"],
+)
+def test_update_equals_full_batch_step(initial_model, tokenizer, tmp_path, samples, micro_batch, n):
+    dataset = review_dataset(tokenizer, samples)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, micro_batch * n)
+    trained = trained_parameters(ReviewTrainer, initial_model, dataset, collator, tmp_path, micro_batch, n)
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+
+
+def test_stock_trainer_fails_the_same_check(initial_model, tokenizer, tmp_path):
+    """The check has teeth: stock Trainer 5.23 makes 2x updates on the divisible case."""
+    dataset = review_dataset(tokenizer, 12)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, 6)
+    trained = trained_parameters(Trainer, initial_model, dataset, collator, tmp_path, 3, 2)
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_matches_reference(trained, reference, flat_parameters(initial_model))
+
+
+def test_exact_across_epochs(initial_model, tokenizer, tmp_path):
+    """Nothing carries from one epoch's partial window into the next; gradients start at zero."""
+    dataset = review_dataset(tokenizer, 11)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, 9, epochs=3)
+    trained = trained_parameters(ReviewTrainer, initial_model, dataset, collator, tmp_path, 3, 3, epochs=3)
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    samples=st.integers(min_value=1, max_value=23),
+    micro_batch=st.integers(min_value=1, max_value=6),
+    n=st.integers(min_value=1, max_value=6),
+)
+def test_exact_for_any_sizes(initial_model, tokenizer, tmp_path, samples, micro_batch, n):
+    dataset = review_dataset(tokenizer, samples, seed=samples)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, micro_batch * n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # n larger than the epoch warns; that is tested below
+        trained = trained_parameters(ReviewTrainer, initial_model, dataset, collator, tmp_path, micro_batch, n)
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+
+
+class _CountUpdates(TrainerCallback):
+    def __init__(self):
+        self.step_ends = 0
+        self.epoch_begin_gradients_zero = []
+
+    def on_epoch_begin(self, args, state, control, model=None, **kwargs):
+        self.epoch_begin_gradients_zero.append(
+            all(p.grad is None or not p.grad.any() for p in model.parameters())
+        )
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_ends += 1
+
+
+@pytest.mark.parametrize(("samples", "micro_batch", "n"), [(10, 3, 2), (10, 4, 4), (9, 3, 3), (7, 2, 1)])
+def test_updates_per_epoch_is_ceil_of_micro_batches_over_n(initial_model, tokenizer, tmp_path, samples, micro_batch, n):
+    dataset = review_dataset(tokenizer, samples)
+    counter = _CountUpdates()
+    trainer = ReviewTrainer(
+        model=copy.deepcopy(initial_model),
+        args=sgd_args(tmp_path, micro_batch, n, epochs=2, learning_rate=0.01),
+        train_dataset=dataset,
+        data_collator=DataCollatorWithPadding(tokenizer),
+        callbacks=[counter],
+    )
+    result = trainer.train()
+    expected = 2 * math.ceil(math.ceil(samples / micro_batch) / n)
+    assert result.global_step == expected
+    assert counter.step_ends == expected  # callbacks fire once per update
+    assert counter.epoch_begin_gradients_zero == [True, True]
+
+
+def test_n_larger_than_epoch_makes_one_update_and_warns(initial_model, tokenizer, tmp_path):
+    dataset = review_dataset(tokenizer, 7)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, 7, epochs=2)
+    model = copy.deepcopy(initial_model)
+    trainer = ReviewTrainer(model=model, args=sgd_args(tmp_path, 2, 10, epochs=2), train_dataset=dataset, data_collator=collator)
+    with pytest.warns(UserWarning, match="more than the 4 micro-batches"):
+        result = trainer.train()
+    assert result.global_step == 2
+    assert_matches_reference(flat_parameters(model), reference, flat_parameters(initial_model))
