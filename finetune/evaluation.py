@@ -65,7 +65,7 @@ def load_labelled_texts(
 ) -> tuple[list[str], list[int], int]:
     """Texts and label ids to score ``model_dir`` on, read as its run's recipe says."""
     from .arguments import DataArguments
-    from .data import load_review_splits
+    from .data import load_review_splits, read_table
     from .runs import find_run_config
 
     run_config = find_run_config(model_dir)
@@ -76,6 +76,9 @@ def load_labelled_texts(
         if not Path(data).is_file():
             raise FinetuneError(f"data file not found: {data}; check the path")
         fields.update(dataset_dir=None, train_file=data, validation_file=data, test_file=data)
+        # Titles are optional at scoring time: a file without the title column scores bodies only.
+        if fields.get("title_column") and fields["title_column"] not in read_table(Path(data)).column_names:
+            fields["title_column"] = None
     fields["class_names"] = label_names if not fields.get("label_bins") else None
     data_args = DataArguments(**fields)
     splits, _ = load_review_splits(data_args)

@@ -65,8 +65,8 @@ def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Reci
 
     parser = build_parser()
     flag_argv = [_rename_alias_flag(token) for token in flags]
-    given = _given_flags(flag_argv, keys)
-    argv = _to_argv(values) + flag_argv
+    given = _given_flags(flag_argv, keys, _option_names(parser))
+    argv = _to_argv(values, _choices(parser)) + flag_argv
     try:
         model, data, training = parser.parse_args_into_dataclasses(args=argv)
     except FinetuneError:
@@ -122,7 +122,12 @@ def _suggest(key: str, keys: set[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else "; run 'finetune train --help' for the valid keys"
 
 
-def _given_flags(argv: list[str], keys: set[str]) -> dict[str, Any]:
+def _option_names(parser: HfArgumentParser) -> set[str]:
+    """Every ``--name`` the parser accepts, with underscores (``--no_x`` complements included)."""
+    return {option[2:].replace("-", "_") for action in parser._actions for option in action.option_strings}
+
+
+def _given_flags(argv: list[str], keys: set[str], options: set[str]) -> dict[str, Any]:
     """The flags the user typed, as raw strings, and an error for any unknown one."""
     given: dict[str, Any] = {}
     current = None
@@ -130,11 +135,11 @@ def _given_flags(argv: list[str], keys: set[str]) -> dict[str, Any]:
         if token.startswith("--"):
             name, _, inline = token[2:].partition("=")
             name = name.replace("-", "_")
-            if name.startswith("no_") and name[3:] in keys:
+            if name.startswith("no_") and name in options and name[3:] in keys:
                 given[name[3:]] = False
                 current = None
                 continue
-            if name not in keys:
+            if name not in options:
                 raise FinetuneError(f"unknown flag '--{name}'{_suggest(name, keys)}")
             given[name] = inline if inline else True
             current = None if inline else name
@@ -147,13 +152,20 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def _to_argv(values: dict[str, Any]) -> list[str]:
+def _choices(parser: HfArgumentParser) -> dict[str, list[Any]]:
+    return {action.dest: list(action.choices) for action in parser._actions if action.choices}
+
+
+def _to_argv(values: dict[str, Any], choices: dict[str, list[Any]]) -> list[str]:
     """Render recipe values as flags so argparse applies one set of types and checks."""
     argv: list[str] = []
     for key, value in values.items():
         if value is None:
             continue  # null in a recipe means "use the default"
-        if isinstance(value, bool):
+        if value is False and "no" in [str(choice) for choice in choices.get(key, [])]:
+            # YAML 1.1 reads a bare `no` as false: `save_strategy: no` means the choice "no".
+            argv += [f"--{key}", "no"]
+        elif isinstance(value, bool):
             argv += [f"--{key}", "true" if value else "false"]
         elif isinstance(value, list):
             if value:

@@ -1,0 +1,150 @@
+"""The real entry points end to end: train from a recipe, evaluate checkpoints, predict, reload with pipeline."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from finetune.cli import main
+
+PROJECT = Path(__file__).parent.parent
+CLASSES = ["negative", "neutral", "positive"]
+
+
+def tiny_recipe(folder: Path, model_dir: Path, output_dir: Path, **extra) -> Path:
+    """The quickstart recipe pointed at the tiny model, for speed."""
+    lines = [
+        "# test recipe: finetune train recipe.yaml",
+        f"model_name_or_path: {model_dir}",
+        f"dataset_dir: {PROJECT / 'data' / 'reviews'}",
+        "text_column: review",
+        "title_column: title",
+        "label_column: stars",
+        "label_bins: {negative: [1, 2], neutral: [3], positive: [4, 5]}",
+        "max_length: 64",
+        f"output_dir: {output_dir}",
+        "per_device_train_batch_size: 16",
+        "n_accumulate: 2",
+        "num_train_epochs: 2",
+        "learning_rate: 1.0e-3",
+        "eval_strategy: epoch",
+        "save_strategy: epoch",
+        "save_total_limit: 2",
+        "load_best_model_at_end: true",
+        "metric_for_best_model: macro_f1",
+        "train_sampling_strategy: group_by_length",
+        "logging_steps: 5",
+        "use_cpu: true",
+        "disable_tqdm: true",
+        *(f"{key}: {value}" for key, value in extra.items()),
+    ]
+    path = folder / "recipe.yaml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, tiny_model_dir):
+    folder = tmp_path_factory.mktemp("e2e")
+    run_dir = folder / "run"
+    recipe = tiny_recipe(folder, tiny_model_dir, run_dir)
+    assert main(["train", str(recipe)]) == 0
+    return run_dir
+
+
+def test_train_writes_a_standard_model_folder(trained_run):
+    config = json.loads((trained_run / "config.json").read_text())
+    assert [config["id2label"][str(index)] for index in range(3)] == CLASSES
+    assert (trained_run / "model.safetensors").is_file()
+    assert (trained_run / "tokenizer.json").is_file()
+    assert sorted(path.name for path in trained_run.glob("checkpoint-*")) == ["checkpoint-15", "checkpoint-30"]
+
+    report = json.loads((trained_run / "test_report.json").read_text())
+    assert report["num_samples"] == 111
+    assert set(report["per_class"]) == set(CLASSES)
+    assert sum(map(sum, report["confusion_matrix"])) == 111
+    results = json.loads((trained_run / "all_results.json").read_text())
+    assert 0.0 <= results["test_accuracy"] <= 1.0
+    state = json.loads((trained_run / "trainer_state.json").read_text())
+    assert state["global_step"] == 30  # 2 epochs x ceil(29 micro-batches / 2)
+    assert [entry["step"] for entry in state["log_history"] if "eval_macro_f1" in entry] == [15, 30]
+
+
+def test_pipeline_loads_the_output(trained_run):
+    from transformers import pipeline
+
+    classify = pipeline("text-classification", model=str(trained_run), device="cpu")
+    predictions = classify(["Broke after two days, sent it back.", "Love it, works perfectly!"])
+    assert {prediction["label"] for prediction in predictions} <= set(CLASSES)
+
+
+def test_evaluate_scores_every_checkpoint_and_marks_the_best(trained_run, capsys):
+    assert main(["evaluate", str(trained_run)]) == 0
+    table = capsys.readouterr().out
+    assert "checkpoint-15" in table and "checkpoint-30" in table and "| final |" in table
+    reports = json.loads((trained_run / "evaluation_test.json").read_text())
+    assert [report["step"] for report in reports] == [15, 30, None]
+    assert sum(report["best"] for report in reports) == 1
+    best = max(reports, key=lambda report: report["macro_f1"])
+    assert best["best"]
+    # The final model is the best checkpoint reloaded (load_best_model_at_end).
+    assert reports[-1]["macro_f1"] == pytest.approx(best["macro_f1"])
+
+
+def test_evaluate_a_checkpoint_on_a_given_file(trained_run, tmp_path, capsys):
+    data = tmp_path / "few.csv"
+    data.write_text("review,stars\nterrible do not buy,1\nit is fine I guess,3\nexcellent,5\n", encoding="utf-8")
+    assert main(["evaluate", str(trained_run / "checkpoint-30"), "--data", str(data)]) == 0
+    report = json.loads((trained_run / "checkpoint-30" / "evaluation_few.json").read_text())[0]
+    assert report["num_samples"] == 3
+
+
+def test_predict_csv_and_jsonl(trained_run, tmp_path):
+    reviews = tmp_path / "reviews.csv"
+    reviews.write_text('id,review\n1,"Great value, would buy again"\n2,Stopped working in a week\n', encoding="utf-8")
+    output = tmp_path / "predictions.csv"
+    assert main(["predict", str(trained_run), "--input", str(reviews), "--output", str(output)]) == 0
+    rows = list(csv.DictReader(output.open()))
+    assert [row["id"] for row in rows] == ["1", "2"]
+    assert all(row["label"] in CLASSES and 0.0 < float(row["probability"]) <= 1.0 for row in rows)
+    assert all(abs(sum(float(row[f"prob_{name}"]) for name in CLASSES) - 1.0) < 1e-4 for row in rows)
+
+    jsonl = tmp_path / "reviews.jsonl"
+    jsonl.write_text('{"text": "meh"}\n{"text": "superb"}\n', encoding="utf-8")
+    jsonl_out = tmp_path / "predictions.jsonl"
+    assert main(["predict", str(trained_run), "--input", str(jsonl), "--output", str(jsonl_out)]) == 0
+    assert [json.loads(line)["text"] for line in jsonl_out.read_text().splitlines()] == ["meh", "superb"]
+
+    # Never overwrite an earlier output without being asked.
+    before = output.read_bytes()
+    assert main(["predict", str(trained_run), "--input", str(reviews), "--output", str(output)]) == 2
+    assert output.read_bytes() == before
+
+
+def test_predict_from_stdin(trained_run, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("awful\n\nfantastic product\n"))
+    assert main(["predict", str(trained_run)]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [row["text"] for row in rows] == ["awful", "fantastic product"]
+
+
+def test_refuses_to_train_over_a_run_then_overwrites_when_asked(trained_run, tmp_path, tiny_model_dir, capsys):
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, trained_run)
+    weights = (trained_run / "model.safetensors").read_bytes()
+    assert main(["train", str(recipe)]) == 2
+    assert "already holds a run; pass --overwrite_output_dir" in capsys.readouterr().err
+    assert (trained_run / "model.safetensors").read_bytes() == weights
+
+    other = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(trained_run, other)
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, other, max_steps=2, save_strategy="no", eval_strategy="no")
+    recipe.write_text(recipe.read_text().replace("load_best_model_at_end: true", "load_best_model_at_end: false"))
+    assert main(["train", str(recipe), "--overwrite_output_dir"]) == 0
+    assert not list(other.glob("checkpoint-*"))
+    assert json.loads((other / "trainer_state.json").read_text())["global_step"] == 2

@@ -1,0 +1,109 @@
+"""Recipes: every shipped recipe parses; flags override; mistakes name the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from finetune import FinetuneError
+from finetune.recipes import load_recipe
+
+PROJECT = Path(__file__).parent.parent
+RECIPES = sorted((PROJECT / "recipes").glob("*.yaml"))
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[path.name for path in RECIPES])
+def test_every_recipe_parses_and_says_how_to_run_it(recipe):
+    lines = recipe.read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("# ")
+    assert any(f"finetune train recipes/{recipe.name}" in line for line in lines if line.startswith("#"))
+    run = load_recipe(str(recipe))
+    assert run.training.gradient_accumulation_steps >= 1
+    assert run.data.class_names
+
+
+def test_quickstart_values_and_yaml_floats():
+    run = load_recipe(str(PROJECT / "recipes" / "quickstart.yaml"))
+    assert run.model.model_name_or_path == "all-minilm-l6-v2"
+    assert run.data.class_names == ["negative", "neutral", "positive"]
+    assert run.data.label_bins == {"negative": [1.0, 2.0], "neutral": [3.0, 3.0], "positive": [4.0, 5.0]}
+    assert isinstance(run.training.learning_rate, float)
+
+
+def test_flags_override_recipe(tmp_path):
+    recipe = write(tmp_path, "learning_rate: 1e-4\nnum_train_epochs: 2\n")
+    run = load_recipe(recipe, ["--learning_rate", "3e-5", "--num_train_epochs=4", "--no_remove_unused_columns"])
+    assert run.training.learning_rate == 3e-5  # "1e-4" alone would be a string to YAML
+    assert run.training.num_train_epochs == 4
+    assert run.training.remove_unused_columns is False
+
+
+def test_bare_no_means_the_no_strategy(tmp_path):
+    run = load_recipe(write(tmp_path, "save_strategy: no\neval_strategy: no\n"))
+    assert run.training.save_strategy == "no" and run.training.eval_strategy == "no"
+
+
+@pytest.mark.parametrize("spelling", ["n_accumulate: 4", "gradient_accumulation_steps: 4"])
+def test_n_accumulate_is_an_alias(tmp_path, spelling):
+    assert load_recipe(write(tmp_path, spelling)).training.gradient_accumulation_steps == 4
+
+
+def test_n_accumulate_flag(tmp_path):
+    assert load_recipe(None, ["--n_accumulate", "3"]).training.gradient_accumulation_steps == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("gradient_accumulation_steps: 0", "gradient_accumulation_steps must be >= 1 (got 0); set it in the recipe"),
+        ("n_accumulate: -2", "gradient_accumulation_steps must be >= 1 (got -2)"),
+        ("gradient_accumulation_steps: 2.5", "gradient_accumulation_steps: invalid int value: '2.5'"),
+        ("learning_rat: 3e-5", "unknown key 'learning_rat' in {recipe}; did you mean 'learning_rate'?"),
+        ("n_accumulate: 2\ngradient_accumulation_steps: 2", "sets both n_accumulate and gradient_accumulation_steps"),
+        ("eval_strategy: sometimes", "eval_strategy: invalid choice"),
+        ("learning_rate: [1, 2", "is not valid YAML at line"),
+        ("- just\n- a list", "must be a mapping"),
+        ("label_bins: {a: [1, 3], b: [2, 4]}", "label_bins ranges overlap"),
+    ],
+)
+def test_recipe_mistakes_name_the_field(tmp_path, text, message):
+    recipe = write(tmp_path, text)
+    with pytest.raises(FinetuneError) as error:
+        load_recipe(recipe)
+    assert message.format(recipe=recipe) in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_gradient_accumulation_steps_checked_in_python_too(tmp_path):
+    from finetune import FinetuneTrainingArguments
+
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be >= 1"):
+        FinetuneTrainingArguments(output_dir=str(tmp_path), gradient_accumulation_steps=0)
+
+
+def test_review_trainer_rejects_stock_arguments_with_bad_n(tmp_path, tiny_model_dir):
+    from transformers import BertForSequenceClassification, TrainingArguments
+
+    from finetune import ReviewTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    args.gradient_accumulation_steps = 0
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be >= 1"):
+        ReviewTrainer(model=BertForSequenceClassification.from_pretrained(tiny_model_dir), args=args)
+
+
+def test_missing_recipe():
+    with pytest.raises(FinetuneError, match="recipe not found: nope.yaml"):
+        load_recipe("nope.yaml")
+
+
+def test_unknown_flag_suggests():
+    with pytest.raises(FinetuneError, match="unknown flag '--per_device_batch_size'; did you mean"):
+        load_recipe(None, ["--per_device_batch_size", "8"])
