@@ -56,10 +56,16 @@ def read_table(path: Path) -> datasets.Dataset:
     """One file as a ``datasets.Dataset``, whatever its supported format."""
     suffix = path.suffix.lower()
     kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
+    # Reading a file takes a blink; its "Generating train split" bar is noise (tokenizing keeps its bar).
+    datasets.disable_progress_bars()
     try:
         table = datasets.load_dataset(_BUILDERS[suffix], data_files=str(path), split="train", **kwargs)
     except Exception as error:  # datasets raises many types for a malformed file
+        if "corresponds to no data" in str(error):  # a header and no rows
+            raise FinetuneError(f"{path} has no rows; give it at least one review")
         raise FinetuneError(f"cannot read {path}: {str(error).strip().splitlines()[0][:200]}; check its format")
+    finally:
+        datasets.enable_progress_bars()
     if len(table) == 0:
         raise FinetuneError(f"{path} has no rows; give it at least one review")
     return table

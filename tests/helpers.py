@@ -7,10 +7,29 @@ import random
 import datasets
 import torch
 
-WORDS = (
-    "great terrible fine broke love awful okay cheap sturdy returned works perfect meh slow fast "
-    "battery lasted cracked comfortable refund gift"
-).split()
+WORDS = [
+    "great",
+    "terrible",
+    "fine",
+    "broke",
+    "love",
+    "awful",
+    "okay",
+    "cheap",
+    "sturdy",
+    "returned",
+    "works",
+    "perfect",
+    "meh",
+    "slow",
+    "fast",
+    "battery",
+    "lasted",
+    "cracked",
+    "comfortable",
+    "refund",
+    "gift",
+]
 
 
 def review_dataset(tokenizer, num_samples: int, seed: int = 0, max_words: int = 20) -> datasets.Dataset:

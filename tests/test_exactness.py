@@ -119,9 +119,7 @@ class _CountUpdates(TrainerCallback):
         self.epoch_begin_gradients_zero = []
 
     def on_epoch_begin(self, args, state, control, model=None, **kwargs):
-        self.epoch_begin_gradients_zero.append(
-            all(p.grad is None or not p.grad.any() for p in model.parameters())
-        )
+        self.epoch_begin_gradients_zero.append(all(p.grad is None or not p.grad.any() for p in model.parameters()))
 
     def on_step_end(self, args, state, control, **kwargs):
         self.step_ends += 1
@@ -150,7 +148,9 @@ def test_n_larger_than_epoch_makes_one_update_and_warns(initial_model, tokenizer
     collator = DataCollatorWithPadding(tokenizer)
     reference = reference_full_batch_steps(initial_model, dataset, collator, 7, epochs=2)
     model = copy.deepcopy(initial_model)
-    trainer = ReviewTrainer(model=model, args=sgd_args(tmp_path, 2, 10, epochs=2), train_dataset=dataset, data_collator=collator)
+    trainer = ReviewTrainer(
+        model=model, args=sgd_args(tmp_path, 2, 10, epochs=2), train_dataset=dataset, data_collator=collator
+    )
     with pytest.warns(UserWarning, match="more than the 4 micro-batches"):
         result = trainer.train()
     assert result.global_step == 2

@@ -100,7 +100,7 @@ def test_review_trainer_rejects_stock_arguments_with_bad_n(tmp_path, tiny_model_
 
 
 def test_missing_recipe():
-    with pytest.raises(FinetuneError, match="recipe not found: nope.yaml"):
+    with pytest.raises(FinetuneError, match=r"recipe not found: nope\.yaml"):
         load_recipe("nope.yaml")
 
 

@@ -39,7 +39,9 @@ def expected_linear_rates(peak: float, total: int, warmup: int) -> list[float]:
 
 
 @pytest.mark.parametrize(("samples", "micro_batch", "n", "epochs", "warmup"), [(20, 2, 3, 2, 2), (9, 4, 2, 3, 0)])
-def test_linear_schedule_steps_once_per_update(initial_model, tokenizer, tmp_path, samples, micro_batch, n, epochs, warmup):
+def test_linear_schedule_steps_once_per_update(
+    initial_model, tokenizer, tmp_path, samples, micro_batch, n, epochs, warmup
+):
     recorder = _RecordLearningRates()
     trainer = ReviewTrainer(
         model=copy.deepcopy(initial_model),
@@ -129,3 +131,37 @@ def test_grad_norm_does_not_depend_on_n(initial_model, tokenizer, tmp_path, monk
     accumulated, _, _ = _train_recording_bar(initial_model, tokenizer, tmp_path, 2, 4, 1, monkeypatch, **common)
     assert _logged(whole, "grad_norm") == pytest.approx(_logged(accumulated, "grad_norm"), rel=1e-5)
     assert all(norm > 0 for norm in _logged(whole, "grad_norm"))
+
+
+class _NaNOnSecondWindow(ReviewTrainer):
+    """A user's compute_loss that goes non-finite on the second window's micro-batches."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return loss * float("nan") if self.state.global_step == 1 else loss
+
+
+def test_non_finite_update_is_skipped_and_does_not_advance_the_scheduler(initial_model, tokenizer, tmp_path):
+    from helpers import flat_parameters
+
+    recorder = _RecordLearningRates()
+    model = copy.deepcopy(initial_model)
+    trainer = _NaNOnSecondWindow(
+        model=model,
+        args=quiet_args(
+            tmp_path,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            num_train_epochs=1,
+            learning_rate=1e-2,
+        ),
+        train_dataset=review_dataset(tokenizer, 12),  # 6 micro-batches = 3 updates
+        data_collator=DataCollatorWithPadding(tokenizer),
+        callbacks=[recorder],
+    )
+    result = trainer.train()
+    assert result.global_step == 3
+    assert trainer.skipped_updates == 1
+    assert len(recorder.used) == 2  # no optimizer step on the bad window
+    assert recorder.used == pytest.approx([1e-2, 1e-2 * 2 / 3])  # the scheduler did not move on it
+    assert bool(flat_parameters(model).isfinite().all())
