@@ -17,7 +17,7 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     ``overrides`` are flags such as ``["--learning_rate", "3e-5"]``; they win
     over the recipe's values.
     """
-    from transformers import DataCollatorWithPadding
+    from transformers import DataCollatorWithPadding, set_seed
     from transformers.trainer_utils import get_last_checkpoint
 
     from .data import load_review_splits, tokenize_splits
@@ -42,7 +42,9 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     tokenizer = load_tokenizer(run.model)
     encoded = tokenize_splits(splits, tokenizer, run.data.max_length)
 
-    # Model: the pretrained encoder with a new head for these classes.
+    # Model: the pretrained encoder with a new head for these classes. Seeded first,
+    # so the head's random initialisation (and so the whole run) repeats with the seed.
+    set_seed(args.seed)
     model = load_classifier(run.model, label_names)
 
     # Train.
