@@ -73,6 +73,11 @@ def _read_rows(input_path: str | None) -> tuple[list[dict[str, Any]], str]:
     if suffix in (".csv", ".tsv"):
         with path.open(newline="", encoding="utf-8-sig") as handle:
             rows = list(csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ","))
+        for row_number, row in enumerate(rows, start=2):
+            if None in row:  # DictReader files surplus fields under None
+                raise FinetuneError(
+                    f"{input_path} row {row_number} has more fields than the header; quote texts that contain commas"
+                )
         input_format = "csv"
     elif suffix in (".jsonl", ".json"):
         try:

@@ -145,6 +145,12 @@ def test_predict_missing_input(tiny_model_dir, capsys):
     assert "input file not found: nope.csv" in run_cli(["predict", tiny_model_dir, "--input", "nope.csv"], capsys)
 
 
+def test_predict_row_with_unquoted_commas(tiny_model_dir, tmp_path, capsys):
+    write_csv(tmp_path / "in.csv", "review\nBroke after two days, returned it.\n")
+    message = run_cli(["predict", tiny_model_dir, "--input", tmp_path / "in.csv"], capsys)
+    assert "row 2 has more fields than the header; quote texts that contain commas" in message
+
+
 @pytest.mark.parametrize("argv", [["train", "missing.yaml"], ["evaluate", "/nonexistent/run"]])
 def test_real_process_exits_2_without_traceback(argv):
     result = subprocess.run(
