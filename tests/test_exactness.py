@@ -61,6 +61,7 @@ def trained_parameters(trainer_class, model, dataset, collator, output_dir, micr
 def assert_matches_reference(trained: torch.Tensor, reference: torch.Tensor, initial: torch.Tensor) -> None:
     weight_error = float((trained - reference).norm() / reference.norm())
     update_error = float((trained - reference).norm() / (reference - initial).norm())
+    print(f"relative error {weight_error:.3g}, relative to the update {update_error:.3g}")  # shown with -s
     assert weight_error < TOLERANCE, f"relative error {weight_error:.3g}"
     assert update_error < UPDATE_TOLERANCE, f"error relative to the update {update_error:.3g}"
 
