@@ -98,16 +98,21 @@ def test_exact_across_epochs(initial_model, tokenizer, tmp_path):
     assert_matches_reference(trained, reference, flat_parameters(initial_model))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    samples=st.integers(min_value=1, max_value=23),
     micro_batch=st.integers(min_value=1, max_value=6),
     n=st.integers(min_value=1, max_value=6),
+    windows=st.integers(min_value=1, max_value=3),
+    short_by=st.integers(min_value=0, max_value=35),
 )
-def test_exact_for_any_sizes(initial_model, tokenizer, tmp_path, samples, micro_batch, n):
+def test_exact_for_any_sizes(initial_model, tokenizer, tmp_path, micro_batch, n, windows, short_by):
+    # At most 3 updates: SGD at lr=1 amplifies float32 rounding chaotically over many updates,
+    # which would measure the optimizer's sensitivity, not the accumulation.
+    window_samples = micro_batch * n
+    samples = windows * window_samples - min(short_by, window_samples - 1)
     dataset = review_dataset(tokenizer, samples, seed=samples)
     collator = DataCollatorWithPadding(tokenizer)
-    reference = reference_full_batch_steps(initial_model, dataset, collator, micro_batch * n)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, window_samples)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # n larger than the epoch warns; that is tested below
         trained = trained_parameters(ReviewTrainer, initial_model, dataset, collator, tmp_path, micro_batch, n)
