@@ -47,10 +47,10 @@ def build_parser() -> HfArgumentParser:
     return _Parser((ModelArguments, DataArguments, FinetuneTrainingArguments))
 
 
-def valid_keys() -> list[str]:
+def valid_keys(parser: HfArgumentParser | None = None) -> set[str]:
     """Every key a recipe may use: the dataclass fields and their aliases."""
-    keys = [action.dest for action in build_parser()._actions if action.dest != "help"]
-    return sorted(set(keys) | set(ALIASES))
+    parser = parser or build_parser()
+    return {action.dest for action in parser._actions if action.dest != "help"} | set(ALIASES)
 
 
 def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Recipe:
@@ -58,12 +58,12 @@ def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Reci
     flags = list(flags or [])
     values = _read_yaml(recipe_path) if recipe_path else {}
     values = _resolve_aliases(values, recipe_path or "the flags")
-    keys = set(valid_keys())
+    parser = build_parser()
+    keys = valid_keys(parser)
     for key in values:
         if key not in keys:
             raise FinetuneError(f"unknown key '{key}' in {recipe_path}{_suggest(key, keys)}")
 
-    parser = build_parser()
     flag_argv = [_rename_alias_flag(token) for token in flags]
     given = _given_flags(flag_argv, keys, _option_names(parser))
     argv = _to_argv(values, _choices(parser)) + flag_argv

@@ -14,6 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from transformers.trainer_utils import sort_checkpoints
+
 from .errors import FinetuneError
 
 RUN_CONFIG = "finetune_run.json"
@@ -23,11 +25,10 @@ _RUN_MARKERS = ("config.json", "model.safetensors", "trainer_state.json", RUN_CO
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
-    """The ``checkpoint-<step>`` folders of a run, in step order."""
+    """The ``checkpoint-<step>`` folders of a run, in step order (Trainer's own listing)."""
     if not run_dir.is_dir():
         return []
-    found = [(int(match.group(1)), path) for path in run_dir.iterdir() if (match := _CHECKPOINT.match(path.name))]
-    return [path for _, path in sorted(found)]
+    return [Path(path) for path in sort_checkpoints(str(run_dir))]
 
 
 def checkpoint_step(path: Path) -> int | None:
