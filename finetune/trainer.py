@@ -186,7 +186,9 @@ class ReviewTrainer(Trainer):
         """Forward and backward every micro-batch of one window, weighting each by its share of samples."""
         micro_samples = [self._count_samples(inputs) for inputs in window]
         window_samples = self._sum_over_processes(sum(micro_samples))
-        window_loss = _LossTracker()
+        # Summed on the device and read once per window: a .item() per micro-batch would
+        # stall a GPU on every micro-step.
+        window_loss_sum = torch.zeros((), dtype=torch.float64, device=self.args.device)
         for index, (inputs, samples) in enumerate(zip(window, micro_samples)):
             is_update_step = index == len(window) - 1
             # Gradients are all-reduced once per update, on the window's last micro-batch.
@@ -197,15 +199,17 @@ class ReviewTrainer(Trainer):
             weight = micro_batch_weight(samples, window_samples, self.accelerator.num_processes)
             with sync_context():
                 mean_loss = self._forward_backward(model, inputs, weight)
-            window_loss.add_mean(mean_loss, samples)
-            epoch_loss.add_mean(mean_loss, samples)
-            bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
+            window_loss_sum += mean_loss.double() * samples
             if not is_update_step:
+                bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
+        window_loss = _LossTracker(float(window_loss_sum), sum(micro_samples))
+        epoch_loss.add(window_loss)
+        bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
         return window_loss
 
-    def _forward_backward(self, model: nn.Module, inputs: dict[str, Any], weight: float) -> float:
-        """One micro-batch: its mean loss, backpropagated with ``weight``. Returns the unscaled mean loss."""
+    def _forward_backward(self, model: nn.Module, inputs: dict[str, Any], weight: float) -> torch.Tensor:
+        """One micro-batch: its mean loss, backpropagated with ``weight``. Returns the unscaled mean loss (detached)."""
         model.train()
         if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
             self.optimizer.train()  # schedule-free optimizers switch modes
@@ -218,7 +222,7 @@ class ReviewTrainer(Trainer):
             mean_loss = mean_loss.mean()  # nn.DataParallel returns one loss per device
         # Accelerate applies the fp16 GradScaler here; Trainer set its own accumulation to 1.
         self.accelerator.backward(mean_loss * weight)
-        return mean_loss.detach().float().item()
+        return mean_loss.detach()
 
     def _update(self, model: nn.Module, window_loss: _LossTracker) -> tuple[float | None, float]:
         """Clip, step the optimizer and the scheduler once, on the whole window's gradient.
@@ -330,14 +334,9 @@ class ReviewTrainer(Trainer):
 class _LossTracker:
     """A running sum of per-sample losses and their count: means that do not depend on n."""
 
-    def __init__(self) -> None:
-        self.loss_sum = 0.0
-        self.samples = 0
-
-    def add_mean(self, mean_loss: float, samples: int) -> None:
-        """Add a micro-batch given its mean loss and size."""
-        self.loss_sum += mean_loss * samples
-        self.samples += samples
+    def __init__(self, loss_sum: float = 0.0, samples: int = 0) -> None:
+        self.loss_sum = loss_sum
+        self.samples = samples
 
     def add(self, other: _LossTracker) -> None:
         """Add another tracker's totals."""
