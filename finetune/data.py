@@ -7,6 +7,7 @@ the file, the row and the fix, before any model is loaded.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import datasets
@@ -85,6 +86,18 @@ def load_review_splits(data_args: DataArguments, seed: int = 42) -> tuple[datase
     if "validation" not in splits:
         splits = _hold_out_validation(splits, data_args.validation_split_percentage, label_names, seed)
     return splits, label_names
+
+
+def load_labelled_file(path: Path, data_args: DataArguments, label_names: list[str]) -> datasets.Dataset:
+    """One labelled file as ``{"text", "labels"}`` rows, for scoring a trained model.
+
+    The title column is optional here: a file without it is scored on review bodies.
+    """
+    table = read_table(path)
+    if data_args.title_column and data_args.title_column not in table.column_names:
+        data_args = dataclasses.replace(data_args, title_column=None)
+    _check_columns(table, path, data_args)
+    return _to_text_and_labels(table, path, data_args, label_names)
 
 
 def tokenize_splits(

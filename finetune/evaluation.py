@@ -33,7 +33,13 @@ def evaluate(
     for model_dir in models:
         require_model_folder(model_dir)
 
-    reports = [_score(model_dir, data, split, batch_size) for model_dir in models]
+    # Every checkpoint of a run shares its classes and data: read the data once.
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(models[0])
+    label_names = [config.id2label[index] for index in range(config.num_labels)]
+    texts, labels, max_length = load_labelled_texts(models[0], data, split, label_names)
+    reports = [_score(model_dir, texts, labels, label_names, max_length, batch_size) for model_dir in models]
     best = max(range(len(reports)), key=lambda index: reports[index]["macro_f1"])
     for index, report in enumerate(reports):
         report["best"] = index == best
@@ -44,7 +50,9 @@ def evaluate(
     return reports
 
 
-def _score(model_dir: Path, data: str | None, split: str, batch_size: int) -> dict[str, Any]:
+def _score(
+    model_dir: Path, texts: list[str], labels: list[int], label_names: list[str], max_length: int, batch_size: int
+) -> dict[str, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from .inference import predict_probabilities
@@ -53,8 +61,6 @@ def _score(model_dir: Path, data: str | None, split: str, batch_size: int) -> di
 
     model = AutoModelForSequenceClassification.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
-    texts, labels, max_length = load_labelled_texts(model_dir, data, split, label_names)
     probabilities = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, max_length=max_length)
     report = classification_report(probabilities.argmax(-1), labels, label_names)
     return {"model": str(model_dir), "step": checkpoint_step(model_dir), **report}
@@ -65,21 +71,20 @@ def load_labelled_texts(
 ) -> tuple[list[str], list[int], int]:
     """Texts and label ids to score ``model_dir`` on, read as its run's recipe says."""
     from .arguments import DataArguments
-    from .data import load_review_splits, read_table
+    from .data import load_labelled_file, load_review_splits
     from .runs import find_run_config
 
     run_config = find_run_config(model_dir)
     if run_config is None and data is None:
         raise FinetuneError(f"{model_dir} has no {split} data on record; pass --data FILE with text and label columns")
     fields = dict(run_config["data"]) if run_config else {}
+    fields["class_names"] = label_names if not fields.get("label_bins") else None
     if data is not None:
         if not Path(data).is_file():
             raise FinetuneError(f"data file not found: {data}; check the path")
-        fields.update(dataset_dir=None, train_file=data, validation_file=data, test_file=data)
-        # Titles are optional at scoring time: a file without the title column scores bodies only.
-        if fields.get("title_column") and fields["title_column"] not in read_table(Path(data)).column_names:
-            fields["title_column"] = None
-    fields["class_names"] = label_names if not fields.get("label_bins") else None
+        data_args = DataArguments(**fields)
+        scored = load_labelled_file(Path(data), data_args, label_names)
+        return list(scored["text"]), list(scored["labels"]), data_args.max_length
     data_args = DataArguments(**fields)
     splits, _ = load_review_splits(data_args)
     if split not in splits:
