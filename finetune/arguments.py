@@ -11,6 +11,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 from transformers import TrainingArguments
 
@@ -41,8 +42,26 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    """Where the reviews are and how their columns become text and labels."""
+    """Where the reviews are and how their columns become text and labels.
 
+    One source per recipe: ``dataset_name`` (a catalog entry or a Hub id), or
+    local files (``dataset_dir`` and/or ``train_file`` ...).
+    """
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "A dataset from 'finetune data list' (e.g. drugscom, fetched and cached on first use) "
+                "or a Hugging Face Hub dataset id (needs a network the first time)."
+            )
+        },
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "The Hub dataset's configuration."})
+    data_cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where fetched datasets are kept (default: $FINETUNE_CACHE or ~/.cache/finetune)."},
+    )
     dataset_dir: str | None = field(
         default=None,
         metadata={"help": "A folder holding train/validation/test files (.csv, .tsv, .jsonl, .json or .parquet)."},
@@ -69,9 +88,39 @@ class DataArguments:
         },
     )
     max_length: int = field(default=256, metadata={"help": "Reviews longer than this many tokens are truncated."})
+    truncation_side: Literal["right", "left"] = field(
+        default="right",
+        metadata={"help": "Which end of a long review to cut: 'right' keeps the opening, 'left' the conclusion."},
+    )
+    clean_text: bool = field(
+        default=True,
+        metadata={"help": "Decode HTML entities, turn <br /> into line breaks, drop wrapping quotes, CRLF and BOM."},
+    )
+    strict: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Stop at the first row with empty text, no label or a rating outside label_bins, "
+                "instead of dropping and counting such rows."
+            )
+        },
+    )
     validation_split_percentage: int = field(
         default=10,
-        metadata={"help": "When there is no validation file: the share of train held out for validation."},
+        metadata={"help": "When the source has no validation split: the share of train held out (stratified)."},
+    )
+    test_split_percentage: int | None = field(
+        default=None,
+        metadata={"help": "When the source has no test split: the share of train held out for testing (stratified)."},
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Train on a seeded random subset of this many reviews (for big Hub sets)."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Validate on a seeded random subset of this many reviews."}
+    )
+    max_test_samples: int | None = field(
+        default=None, metadata={"help": "Test on a seeded random subset of this many reviews."}
     )
 
     def __post_init__(self) -> None:
@@ -84,10 +133,14 @@ class DataArguments:
             self.class_names = list(self.label_bins)
         if self.max_length < 1:
             raise FinetuneError(f"max_length must be >= 1 (got {self.max_length}); try --max_length 256")
-        if not 0 < self.validation_split_percentage < 100:
-            raise FinetuneError(
-                f"validation_split_percentage must be between 1 and 99 (got {self.validation_split_percentage})"
-            )
+        for name in ("validation_split_percentage", "test_split_percentage"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < 100:
+                raise FinetuneError(f"{name} must be between 1 and 99 (got {value}); e.g. --{name} 10")
+        for name in ("max_train_samples", "max_eval_samples", "max_test_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise FinetuneError(f"{name} must be >= 1 (got {value}); drop it to use every review")
 
 
 @dataclass
@@ -97,6 +150,15 @@ class FinetuneTrainingArguments(TrainingArguments):
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Train into an output_dir that already holds a run (its checkpoint-* folders are removed)."},
+    )
+    class_weighting: Literal["none", "balanced"] = field(
+        default="none",
+        metadata={
+            "help": (
+                "'balanced' weights each review's loss by n_samples / (n_classes * n_in_its_class), "
+                "so rare classes count as much as common ones; accumulation stays exact."
+            )
+        },
     )
 
     def __post_init__(self) -> None:

@@ -1,213 +1,373 @@
-"""Load review files into a ``DatasetDict`` of text and class ids, then tokenize.
+"""Turn a source's raw tables into clean ``{"text", "labels"}`` splits, then tokenize.
 
-Every problem a user can cause with their files (a missing file, a wrong
-column, a label the recipe does not know) stops here with a message naming
-the file, the row and the fix, before any model is loaded.
+Rows a real review dump always has a few of (no text, no label, a rating
+outside the recipe's bins) are dropped and counted, or with ``strict: true``
+stop the run. A recipe that cannot fit the data at all (a missing column, a
+label that is no class) stops with a message naming the file, the row and
+the fix, before any model is loaded.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import datasets
 from transformers import PreTrainedTokenizerBase
 
 from .arguments import DataArguments
+from .cleaning import clean_texts
 from .errors import FinetuneError
+from .sources import ROWS_WORTH_A_BAR, RawSplits, progress_bars, read_files, read_sources
 
-SPLITS = ("train", "validation", "test")
-# File names accepted for each split inside dataset_dir, in order of preference.
-_SPLIT_STEMS = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
-_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-
-
-def resolve_data_files(data_args: DataArguments) -> dict[str, Path]:
-    """The file of each split, from ``dataset_dir`` and the per-split overrides."""
-    files: dict[str, Path] = {}
-    if data_args.dataset_dir is not None:
-        folder = Path(data_args.dataset_dir)
-        if not folder.is_dir():
-            raise FinetuneError(f"dataset_dir not found: {folder}; check the path or set train_file")
-        for split, stems in _SPLIT_STEMS.items():
-            for stem in stems:
-                matches = [folder / f"{stem}{suffix}" for suffix in _BUILDERS if (folder / f"{stem}{suffix}").is_file()]
-                if matches:
-                    files[split] = matches[0]
-                    break
-    for split, override in (
-        ("train", data_args.train_file),
-        ("validation", data_args.validation_file),
-        ("test", data_args.test_file),
-    ):
-        if override is not None:
-            files[split] = Path(override)
-    if "train" not in files:
-        where = f"in {data_args.dataset_dir} " if data_args.dataset_dir else ""
-        raise FinetuneError(f"no training data {where}; set train_file or put a train.csv in dataset_dir")
-    for split, path in files.items():
-        if not path.is_file():
-            raise FinetuneError(f"{split} file not found: {path}; check train_file/validation_file/test_file")
-        if path.suffix.lower() not in _BUILDERS:
-            raise FinetuneError(f"{path}: unsupported file type; use one of {', '.join(sorted(_BUILDERS))}")
-    return files
+# Why a row is dropped, and how a message names it.
+EMPTY_TEXT = "empty text"
+MISSING_LABEL = "missing label"
+OUTSIDE_BINS = "label outside label_bins"
+DROP_REASONS = (EMPTY_TEXT, MISSING_LABEL, OUTSIDE_BINS)
 
 
-def read_table(path: Path) -> datasets.Dataset:
-    """One file as a ``datasets.Dataset``, whatever its supported format."""
-    suffix = path.suffix.lower()
-    kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
-    # Reading a file takes a blink; its "Generating train split" bar is noise (tokenizing keeps its bar).
-    datasets.disable_progress_bars()
-    try:
-        table = datasets.load_dataset(_BUILDERS[suffix], data_files=str(path), split="train", **kwargs)
-    except Exception as error:  # datasets raises many types for a malformed file
-        if "corresponds to no data" in str(error):  # a header and no rows
-            raise FinetuneError(f"{path} has no rows; give it at least one review")
-        raise FinetuneError(f"cannot read {path}: {str(error).strip().splitlines()[0][:200]}; check its format")
-    finally:
-        datasets.enable_progress_bars()
-    if len(table) == 0:
-        raise FinetuneError(f"{path} has no rows; give it at least one review")
-    return table
+@dataclass
+class DataReport:
+    """What was read, kept and dropped per split, and how much tokenizing truncated."""
+
+    source: str
+    rows_read: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)  # after dropping and hold-out splits
+    class_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    truncated_share: dict[str, float] = field(default_factory=dict)
+    max_length: int | None = None
+
+    def summary_lines(self) -> list[str]:
+        """Human-readable lines for the console."""
+        lines = [f"data: {self.source}"]
+        for split, count in self.rows_read.items():
+            dropped = {reason: n for reason, n in self.dropped.get(split, {}).items() if n}
+            detail = ", ".join(f"{n} {reason}" for reason, n in dropped.items())
+            lines.append(
+                f"  {split}: read {count} rows, dropped {sum(dropped.values())}" + (f" ({detail})" if detail else "")
+            )
+        lines.append("  rows: " + ", ".join(f"{split} {count}" for split, count in self.rows.items()))
+        if self.truncated_share:
+            shares = ", ".join(f"{split} {share:.1%}" for split, share in self.truncated_share.items())
+            lines.append(f"  truncated at max_length {self.max_length}: {shares}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
+        return dataclasses.asdict(self)
 
 
-def load_review_splits(data_args: DataArguments, seed: int = 42) -> tuple[datasets.DatasetDict, list[str]]:
-    """Read every split and return ``{"text", "labels"}`` rows plus the class names in id order."""
-    files = resolve_data_files(data_args)
-    raw = {split: read_table(path) for split, path in files.items()}
-    for split, table in raw.items():
-        _check_columns(table, files[split], data_args)
+@dataclass
+class ReviewData:
+    """Clean splits of ``{"text", "labels"}`` rows, the class names in id order, and the report."""
 
-    label_names = data_args.class_names or _infer_label_names(raw["train"][data_args.label_column], files["train"])
-    splits = datasets.DatasetDict(
-        {split: _to_text_and_labels(table, files[split], data_args, label_names) for split, table in raw.items()}
-    )
+    splits: datasets.DatasetDict
+    label_names: list[str]
+    report: DataReport
+
+
+def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
+    """Read the recipe's source, map columns to text and class ids, drop bad rows, split off what is missing."""
+    raw = read_sources(data_args)
+    tables = {split: _subsample(table, split, data_args, seed) for split, table in raw.tables.items()}
+    for split, table in tables.items():
+        _check_columns(table, raw.origins[split], data_args)
+
+    label_names = resolve_label_names(tables["train"], raw.origins["train"], data_args)
+    report = DataReport(source=raw.description)
+    splits = datasets.DatasetDict()
+    for split, table in tables.items():
+        splits[split], report.dropped[split] = _to_text_and_labels(table, raw, split, data_args, label_names)
+        report.rows_read[split] = len(table)
+
     if "validation" not in splits:
-        splits = _hold_out_validation(splits, data_args.validation_split_percentage, label_names, seed)
-    return splits, label_names
+        splits = _hold_out(splits, "validation", data_args.validation_split_percentage, label_names, seed)
+    if "test" not in splits and data_args.test_split_percentage:
+        splits = _hold_out(splits, "test", data_args.test_split_percentage, label_names, seed)
+    report.rows = {split: len(rows) for split, rows in splits.items()}
+    report.class_counts = {
+        split: dict(zip(label_names, _class_counts(rows, len(label_names)))) for split, rows in splits.items()
+    }
+    return ReviewData(splits, label_names, report)
 
 
 def load_labelled_file(path: Path, data_args: DataArguments, label_names: list[str]) -> datasets.Dataset:
-    """One labelled file as ``{"text", "labels"}`` rows, for scoring a trained model.
+    """One labelled file as ``{"text", "labels"}`` rows, for scoring a trained model (bad rows dropped).
 
     The title column is optional here: a file without it is scored on review bodies.
     """
-    table = read_table(path)
+    raw = read_files({"test": path})
+    table = raw.tables["test"]
     if data_args.title_column and data_args.title_column not in table.column_names:
         data_args = dataclasses.replace(data_args, title_column=None)
-    _check_columns(table, path, data_args)
-    return _to_text_and_labels(table, path, data_args, label_names)
+    _check_columns(table, raw.origins["test"], data_args)
+    rows, dropped = _to_text_and_labels(table, raw, "test", data_args, label_names)
+    if any(dropped.values()):
+        counts = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n)
+        print(f"{path}: dropped {sum(dropped.values())} rows ({counts})", file=sys.stderr)
+    return rows
+
+
+def resolve_label_names(train: datasets.Dataset, origin: str, data_args: DataArguments) -> list[str]:
+    """The class names in id order: from label_bins or class_names, else the data's own label names."""
+    if data_args.class_names:
+        return list(data_args.class_names)
+    feature = train.features[data_args.label_column]
+    if isinstance(feature, datasets.ClassLabel):
+        return list(feature.names)
+    values = [value for value in train[data_args.label_column] if value is not None and value != ""]
+    present = set(values)
+    if not present:
+        raise FinetuneError(f"{origin} has no labels in '{data_args.label_column}'; check label_column")
+    if all(isinstance(value, str) for value in present):
+        return sorted(present)
+    if all(_is_whole_number(value) for value in present):
+        ids = sorted({int(value) for value in present})
+        if ids == list(range(len(ids))):
+            return [str(value) for value in ids]
+        raise FinetuneError(
+            f"{origin}: integer labels {ids[:10]} are not 0..K-1; "
+            "set class_names, or label_bins to group ratings into classes"
+        )
+    raise FinetuneError(f"{origin}: labels mix numbers and text; set label_bins or class_names in the recipe")
 
 
 def tokenize_splits(
     splits: datasets.DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int
-) -> datasets.DatasetDict:
-    """Tokenize every split without padding (the collator pads each batch to its own longest review).
+) -> tuple[datasets.DatasetDict, dict[str, float]]:
+    """Tokenize every split without padding, and measure the share of reviews cut at ``max_length``.
 
-    A ``length`` column is kept for ``train_sampling_strategy: group_by_length``.
+    The collator pads each batch to its own longest review. A ``length``
+    column is kept for ``train_sampling_strategy: group_by_length``. Which end
+    is cut follows ``tokenizer.truncation_side``. ``datasets`` caches the
+    result, so a second run on the same data skips this step.
     """
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)
         encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
+        if encoded.encodings is not None:
+            # Fast tokenizers keep what truncation cut off; a non-empty remainder means cut.
+            encoded["truncated"] = [bool(encoding.overflowing) for encoding in encoded.encodings]
+        else:
+            encoded["truncated"] = [length >= max_length for length in encoded["length"]]
         return encoded
 
-    return splits.map(encode, batched=True, remove_columns=["text"], desc="Tokenizing")
+    encoded = splits.map(encode, batched=True, remove_columns=["text"], desc="Tokenizing")
+    truncated_share = {
+        split: (sum(rows["truncated"]) / len(rows) if len(rows) else 0.0) for split, rows in encoded.items()
+    }
+    return encoded.remove_columns("truncated"), truncated_share
 
 
-def _check_columns(table: datasets.Dataset, path: Path, data_args: DataArguments) -> None:
-    wanted = [data_args.text_column, data_args.label_column]
+# ----------------------------------------------------------------- internals
+
+
+def _subsample(table: datasets.Dataset, split: str, data_args: DataArguments, seed: int) -> datasets.Dataset:
+    limit = {
+        "train": data_args.max_train_samples,
+        "validation": data_args.max_eval_samples,
+        "test": data_args.max_test_samples,
+    }[split]
+    if limit is None or limit >= len(table):
+        return table
+    # A seeded random subset, not the first rows: Hub dumps are often sorted by label.
+    return table.shuffle(seed=seed).select(range(limit)).flatten_indices()
+
+
+def _check_columns(table: datasets.Dataset, origin: str, data_args: DataArguments) -> None:
+    wanted = [("text_column", data_args.text_column), ("label_column", data_args.label_column)]
     if data_args.title_column:
-        wanted.append(data_args.title_column)
-    for option, column in zip(("text_column", "label_column", "title_column"), wanted):
+        wanted.append(("title_column", data_args.title_column))
+    for option, column in wanted:
         if column not in table.column_names:
             raise FinetuneError(
-                f"{path} has no column '{column}' (columns: {', '.join(table.column_names)}); "
+                f"{origin} has no column '{column}' (columns: {', '.join(table.column_names)}); "
                 f"set {option} in the recipe or pass --{option} NAME"
             )
 
 
-def _infer_label_names(values: list, path: Path) -> list[str]:
-    present = {value for value in values if value is not None}
-    if all(isinstance(value, str) for value in present):
-        return sorted(present)
-    if all(isinstance(value, int) and not isinstance(value, bool) for value in present):
-        if sorted(present) == list(range(len(present))):
-            return [str(value) for value in sorted(present)]
-        raise FinetuneError(
-            f"{path}: integer labels {sorted(present)[:10]} are not 0..K-1; "
-            "set class_names, or label_bins to group ratings into classes"
-        )
-    raise FinetuneError(f"{path}: labels mix numbers and text; set label_bins or class_names in the recipe")
-
-
 def _to_text_and_labels(
-    table: datasets.Dataset, path: Path, data_args: DataArguments, label_names: list[str]
-) -> datasets.Dataset:
-    texts = table[data_args.text_column]
-    titles = table[data_args.title_column] if data_args.title_column else [None] * len(texts)
-    raw_labels = table[data_args.label_column]
-    rows: dict[str, list] = {"text": [], "labels": []}
-    for row_number, (text, title, raw_label) in enumerate(zip(texts, titles, raw_labels), start=2):
-        # row_number counts the header as row 1, matching what a spreadsheet shows.
-        if text is None or not str(text).strip():
-            raise FinetuneError(f"{path} row {row_number}: empty '{data_args.text_column}'; fill it or remove the row")
-        if raw_label is None or (isinstance(raw_label, str) and not raw_label.strip()):
-            raise FinetuneError(f"{path} row {row_number}: no label; fill '{data_args.label_column}' or remove the row")
-        rows["labels"].append(_label_id(raw_label, data_args, label_names, f"{path} row {row_number}"))
-        body = str(text).strip()
-        rows["text"].append(f"{str(title).strip()}. {body}" if title and str(title).strip() else body)
-    return datasets.Dataset.from_dict(
-        rows,
-        features=datasets.Features(
-            {"text": datasets.Value("string"), "labels": datasets.ClassLabel(names=label_names)}
-        ),
+    table: datasets.Dataset, raw: RawSplits, split: str, data_args: DataArguments, label_names: list[str]
+) -> tuple[datasets.Dataset, dict[str, int]]:
+    """Clean rows with class ids, and the count of rows dropped for each reason."""
+    label_feature = table.features[data_args.label_column]
+    converter = _RowConverter(
+        data_args,
+        label_names,
+        origin=raw.origins[split],
+        first_row_number=raw.first_row_numbers.get(split, 0),
+        source_label_names=list(label_feature.names) if isinstance(label_feature, datasets.ClassLabel) else None,
     )
-
-
-def _label_id(raw_label: object, data_args: DataArguments, label_names: list[str], where: str) -> int:
-    bins = data_args.label_bins
-    if bins is not None:
-        try:
-            rating = float(raw_label)
-        except (TypeError, ValueError):
-            raise FinetuneError(f"{where}: label {raw_label!r} is not a number, but label_bins expects ratings")
-        for index, (low, high) in enumerate(bins.values()):
-            if low <= rating <= high:
-                return index
-        raise FinetuneError(f"{where}: rating {raw_label!r} is outside label_bins {_describe_bins(bins)}; widen a bin")
-    if isinstance(raw_label, str):
-        if raw_label in label_names:
-            return label_names.index(raw_label)
-        raise FinetuneError(
-            f"{where}: unknown label {raw_label!r} (known: {', '.join(label_names)}); fix the row or set class_names"
+    features = datasets.Features(
+        {
+            "text": datasets.Value("string"),
+            # ClassLabel stores -1 as "no label", which is what a dropped row carries.
+            "labels": datasets.ClassLabel(names=label_names),
+            "problem": datasets.Value("string"),
+        }
+    )
+    with progress_bars(len(table) >= ROWS_WORTH_A_BAR):
+        mapped = table.map(
+            converter,
+            batched=True,
+            with_indices=True,
+            remove_columns=table.column_names,
+            features=features,
+            desc=f"Cleaning {split}",
         )
-    if isinstance(raw_label, int) and not isinstance(raw_label, bool):
-        if 0 <= raw_label < len(label_names):
-            return raw_label
+    problems = mapped["problem"]
+    counts = collections.Counter(problem for problem in problems if problem)
+    if counts and data_args.strict:
+        index = next(index for index, problem in enumerate(problems) if problem)
         raise FinetuneError(
-            f"{where}: label {raw_label} is out of range for {len(label_names)} classes (0..{len(label_names) - 1}); "
-            "fix the row or set class_names"
+            f"{raw.row_name(split, index)}: {converter.describe(problems[index], table[index])}; "
+            "fix the row, or drop strict: true to drop and count such rows"
         )
-    raise FinetuneError(f"{where}: label {raw_label!r} is neither a class name nor a class id")
+    kept = mapped.select([index for index, problem in enumerate(problems) if not problem]) if counts else mapped
+    if len(kept) == 0:
+        raise FinetuneError(
+            f"{raw.origins[split]}: every row was dropped ({_describe_counts(counts)}); check text_column, "
+            "label_column and label_bins"
+        )
+    return kept.remove_columns("problem"), {reason: counts.get(reason, 0) for reason in DROP_REASONS}
 
 
-def _describe_bins(bins: dict[str, list[float]]) -> str:
+class _RowConverter:
+    """The ``datasets.map`` function: raw columns in, ``text`` / ``labels`` / ``problem`` out.
+
+    A class rather than a closure so ``datasets`` can hash it and cache the result.
+    """
+
+    def __init__(
+        self,
+        data_args: DataArguments,
+        label_names: list[str],
+        origin: str,
+        first_row_number: int,
+        source_label_names: list[str] | None,
+    ) -> None:
+        self.text_column = data_args.text_column
+        self.title_column = data_args.title_column
+        self.label_column = data_args.label_column
+        self.label_bins = data_args.label_bins
+        self.clean = data_args.clean_text
+        self.label_names = label_names
+        self.origin = origin
+        self.first_row_number = first_row_number
+        self.source_label_names = source_label_names
+
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        texts = [_as_text(value) for value in batch[self.text_column]]
+        titles = [_as_text(value) for value in batch[self.title_column]] if self.title_column else None
+        if self.clean:
+            texts = clean_texts(texts)
+            titles = clean_texts(titles) if titles is not None else None
+        out: dict[str, list] = {"text": [], "labels": [], "problem": []}
+        for position, (text, raw_label) in enumerate(zip(texts, batch[self.label_column])):
+            text = text.strip()
+            title = titles[position].strip() if titles is not None else ""
+            label, problem = self._label(raw_label, indices[position])
+            if not text:
+                problem = EMPTY_TEXT
+            out["text"].append(join_title(title, text) if text else text)
+            out["labels"].append(label)
+            out["problem"].append(problem)
+        return out
+
+    def _label(self, raw_label: object, index: int) -> tuple[int, str]:
+        """``(class id, "")``, or ``(-1, reason)`` for a row to drop; raises for a recipe that cannot fit."""
+        if raw_label is None or (isinstance(raw_label, str) and not raw_label.strip()):
+            return -1, MISSING_LABEL
+        where = f"{self.origin} row {index + self.first_row_number}"
+        if self.source_label_names is not None and self.label_bins is None:
+            if raw_label < 0:  # datasets' ClassLabel marks "no label" with -1
+                return -1, MISSING_LABEL
+            raw_label = self.source_label_names[raw_label]  # a Hub ClassLabel id: compare by name
+        if self.label_bins is not None:
+            try:
+                rating = float(raw_label)
+            except (TypeError, ValueError):
+                raise FinetuneError(f"{where}: label {raw_label!r} is not a number, but label_bins expects ratings")
+            for class_id, (low, high) in enumerate(self.label_bins.values()):
+                if low <= rating <= high:
+                    return class_id, ""
+            return -1, OUTSIDE_BINS
+        if isinstance(raw_label, str):
+            if raw_label in self.label_names:
+                return self.label_names.index(raw_label), ""
+            raise FinetuneError(
+                f"{where}: unknown label {raw_label!r} (known: {', '.join(self.label_names)}); "
+                "fix the row or set class_names"
+            )
+        if _is_whole_number(raw_label):
+            if 0 <= int(raw_label) < len(self.label_names):
+                return int(raw_label), ""
+            raise FinetuneError(
+                f"{where}: label {raw_label} is out of range for {len(self.label_names)} classes "
+                f"(0..{len(self.label_names) - 1}); fix the row or set class_names"
+            )
+        raise FinetuneError(f"{where}: label {raw_label!r} is neither a class name nor a class id")
+
+    def describe(self, problem: str, row: dict[str, Any]) -> str:
+        """The strict-mode message for a dropped row."""
+        if problem == EMPTY_TEXT:
+            return f"empty '{self.text_column}'"
+        if problem == MISSING_LABEL:
+            return f"no label in '{self.label_column}'"
+        return f"rating {row[self.label_column]!r} is outside label_bins {describe_bins(self.label_bins)}"
+
+
+def join_title(title: str, text: str) -> str:
+    """The text a model sees for a review with an optional title: ``'Title. Body'``."""
+    return f"{title}. {text}" if title else text
+
+
+def describe_bins(bins: dict[str, list[float]]) -> str:
+    """``'negative=1-2, neutral=3, positive=4-5'``."""
     return ", ".join(
         f"{name}={low:g}-{high:g}" if low != high else f"{name}={low:g}" for name, (low, high) in bins.items()
     )
 
 
-def _hold_out_validation(
-    splits: datasets.DatasetDict, percentage: int, label_names: list[str], seed: int
+def _as_text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def _is_whole_number(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def _describe_counts(counts: collections.Counter) -> str:
+    return ", ".join(f"{n} {reason}" for reason, n in counts.items())
+
+
+def _class_counts(rows: datasets.Dataset, num_classes: int) -> list[int]:
+    labels = rows["labels"]
+    return [labels.count(class_id) for class_id in range(num_classes)]
+
+
+def _hold_out(
+    splits: datasets.DatasetDict, split: str, percentage: int, label_names: list[str], seed: int
 ) -> datasets.DatasetDict:
+    """Split ``percentage`` of train off as ``split``, stratified by class when every class can give a row."""
     train = splits["train"]
-    counts = [train["labels"].count(index) for index in range(len(label_names))]
-    # Stratify when every class can give at least one review to each side.
-    stratify = "labels" if min(counts) >= 2 else None
+    counts = _class_counts(train, len(label_names))
+    held_out = round(len(train) * percentage / 100)
+    # Stratifying needs every class on both sides: two reviews of each, and room for one of each per side.
+    can_stratify = min(counts) >= 2 and min(held_out, len(train) - held_out) >= len(label_names)
+    stratify = "labels" if can_stratify else None
     parted = train.train_test_split(test_size=percentage / 100, seed=seed, stratify_by_column=stratify)
-    result = datasets.DatasetDict({"train": parted["train"], "validation": parted["test"]})
-    if "test" in splits:
-        result["test"] = splits["test"]
-    return result
+    result = datasets.DatasetDict({"train": parted["train"], split: parted["test"]})
+    for other in ("validation", "test"):
+        if other in splits and other != split:
+            result[other] = splits[other]
+    return datasets.DatasetDict({name: result[name] for name in ("train", "validation", "test") if name in result})

@@ -71,7 +71,7 @@ def load_labelled_texts(
 ) -> tuple[list[str], list[int], int]:
     """Texts and label ids to score ``model_dir`` on, read as its run's recipe says."""
     from .arguments import DataArguments
-    from .data import load_labelled_file, load_review_splits
+    from .data import load_labelled_file, load_review_data
     from .runs import find_run_config
 
     run_config = find_run_config(model_dir)
@@ -86,7 +86,7 @@ def load_labelled_texts(
         scored = load_labelled_file(Path(data), data_args, label_names)
         return list(scored["text"]), list(scored["labels"]), data_args.max_length
     data_args = DataArguments(**fields)
-    splits, _ = load_review_splits(data_args)
+    splits = load_review_data(data_args, seed=run_config.get("seed", 42)).splits
     if split not in splits:
         raise FinetuneError(f"the run's data has no '{split}' split; pass --split validation or --data FILE")
     return list(splits[split]["text"]), list(splits[split]["labels"]), data_args.max_length

@@ -32,11 +32,16 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
-def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
-    """The tokenizer that belongs to the model."""
+def load_tokenizer(model_args: ModelArguments, truncation_side: str = "right") -> PreTrainedTokenizerBase:
+    """The tokenizer that belongs to the model, cutting long reviews at ``truncation_side``.
+
+    The side is saved with the tokenizer, so evaluate and predict cut the same end.
+    """
     path = resolve_model_path(model_args.model_name_or_path)
     with _explain_loading_errors(model_args.model_name_or_path):
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
+        return AutoTokenizer.from_pretrained(
+            path, trust_remote_code=model_args.trust_remote_code, truncation_side=truncation_side
+        )
 
 
 def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTrainedModel:

@@ -41,8 +41,7 @@ def predict(
     data_fields = run_config.get("data", {})
     rows, input_format = _read_rows(input_path)
     column = text_column or _guess_text_column(rows, data_fields.get("text_column"), input_path)
-    title_column = data_fields.get("title_column")
-    texts = [_joined_text(row, column, title_column) for row in rows]
+    texts = _model_inputs(rows, column, data_fields.get("title_column"), data_fields.get("clean_text", True))
 
     model = AutoModelForSequenceClassification.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -100,13 +99,18 @@ def _guess_text_column(rows: list[dict[str, Any]], recipe_column: str | None, in
     raise FinetuneError(f"{input_path} has no text column (columns: {', '.join(columns)}); pass --text_column NAME")
 
 
-def _joined_text(row: dict[str, Any], column: str, title_column: str | None) -> str:
-    if column not in row:
+def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | None, clean: bool) -> list[str]:
+    """Each row's text cleaned and joined to its title as in training, so the model sees what it learned from."""
+    from .cleaning import clean_texts
+    from .data import join_title
+
+    if any(column not in row for row in rows):
         raise FinetuneError(f"a row has no '{column}' column; pass --text_column NAME")
-    body = str(row[column] or "").strip()
-    title = str(row.get(title_column) or "").strip() if title_column else ""
-    # Same joining as training, so a title-aware model sees what it was trained on.
-    return f"{title}. {body}" if title else body
+    bodies = [str(row[column] or "") for row in rows]
+    titles = [str(row.get(title_column) or "") if title_column else "" for row in rows]
+    if clean:
+        bodies, titles = clean_texts(bodies), clean_texts(titles)
+    return [join_title(title.strip(), body.strip()) for title, body in zip(titles, bodies)]
 
 
 def _write_rows(results: list[dict[str, Any]], output_path: str | None, input_format: str) -> None:

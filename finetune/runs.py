@@ -57,8 +57,14 @@ def prepare_output_dir(output_dir: str, overwrite: bool, resuming: bool) -> None
         shutil.rmtree(checkpoint)
 
 
-def save_run_config(output_dir: str, recipe: Any, command: list[str]) -> None:
-    """Write what is needed to evaluate, predict with or reproduce the run."""
+def save_run_config(
+    output_dir: str,
+    recipe: Any,
+    command: list[str],
+    data_report: dict[str, Any] | None = None,
+    class_weights: list[float] | None = None,
+) -> None:
+    """Write what is needed to evaluate, predict with or reproduce the run, and what its data held."""
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     config = {
@@ -67,6 +73,10 @@ def save_run_config(output_dir: str, recipe: Any, command: list[str]) -> None:
         "recipe_values": recipe.values,
         "model": asdict(recipe.model),
         "data": _with_absolute_paths(asdict(recipe.data)),
+        # Hold-out splits and subsets are drawn with it; evaluate redraws the same ones.
+        "seed": recipe.training.seed,
+        "data_report": data_report,
+        "class_weights": class_weights,
     }
     (folder / RUN_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
 

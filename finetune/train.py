@@ -20,7 +20,7 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     from transformers import DataCollatorWithPadding, set_seed
     from transformers.trainer_utils import get_last_checkpoint
 
-    from .data import load_review_splits, tokenize_splits
+    from .data import load_review_data, tokenize_splits
     from .metrics import build_compute_metrics, classification_report
     from .modeling import load_classifier, load_tokenizer
     from .recipes import load_recipe
@@ -37,10 +37,14 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
             raise FinetuneError(f"no checkpoint to resume in {args.output_dir}; drop --resume_from_checkpoint")
     prepare_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None)
 
-    # Data: read, map labels, tokenize.
-    splits, label_names = load_review_splits(run.data, seed=args.seed)
-    tokenizer = load_tokenizer(run.model)
-    encoded = tokenize_splits(splits, tokenizer, run.data.max_length)
+    # Data: read, clean, map labels (dropping and counting bad rows), tokenize.
+    data = load_review_data(run.data, seed=args.seed)
+    label_names = data.label_names
+    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
+    encoded, data.report.truncated_share = tokenize_splits(data.splits, tokenizer, run.data.max_length)
+    data.report.max_length = run.data.max_length
+    if args.should_log:
+        print("\n".join(data.report.summary_lines()), file=sys.stderr)
 
     # Model: the pretrained encoder with a new head for these classes. Seeded first,
     # so the head's random initialisation (and so the whole run) repeats with the seed.
@@ -57,7 +61,16 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(label_names),
     )
-    save_run_config(args.output_dir, run, ["finetune", "train", *([recipe] if recipe else []), *(overrides or [])])
+    if trainer.class_weights is not None and args.should_log:
+        weights = ", ".join(f"{name} {weight:.3f}" for name, weight in zip(label_names, trainer.class_weights.tolist()))
+        print(f"class weights: {weights}", file=sys.stderr)
+    save_run_config(
+        args.output_dir,
+        run,
+        ["finetune", "train", *([recipe] if recipe else []), *(overrides or [])],
+        data_report=data.report.to_dict(),
+        class_weights=None if trainer.class_weights is None else trainer.class_weights.tolist(),
+    )
     started = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.perf_counter() - started

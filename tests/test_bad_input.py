@@ -93,10 +93,49 @@ def test_empty_dataset(tmp_path, tiny_model_dir, capsys):
     assert "has no rows" in run_cli(["train", recipe_with(tmp_path, tiny_model_dir)], capsys)
 
 
-def test_rating_outside_the_bins(tmp_path, tiny_model_dir, capsys):
-    write_csv(tmp_path / "train.csv", GOOD_ROWS + "weird,7\n")
+@pytest.mark.parametrize(
+    ("bad_row", "message"),
+    [
+        ("weird,7\n", "row 8: rating 7 is outside label_bins negative=1-2, neutral=3, positive=4-5; fix the row"),
+        ('"  ",4\n', "row 8: empty 'review'; fix the row"),
+        ("no stars,\n", "row 8: no label in 'stars'; fix the row"),
+    ],
+    ids=["outside-bins", "empty-text", "missing-label"],
+)
+def test_strict_stops_at_a_row_that_would_be_dropped(tmp_path, tiny_model_dir, capsys, bad_row, message):
+    write_csv(tmp_path / "train.csv", GOOD_ROWS + bad_row)
+    recipe = recipe_with(tmp_path, tiny_model_dir, strict="true")
+    error = run_cli(["train", recipe], capsys)
+    assert message in error and error.endswith("or drop strict: true to drop and count such rows")
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_row_dropped(tmp_path, tiny_model_dir, capsys):
+    write_csv(tmp_path / "train.csv", "review,stars\ngreat,7\nawful,0\n")
     message = run_cli(["train", recipe_with(tmp_path, tiny_model_dir)], capsys)
-    assert "row 8: rating 7 is outside label_bins negative=1-2, neutral=3, positive=4-5; widen a bin" in message
+    assert "every row was dropped (2 label outside label_bins); check text_column" in message
+
+
+def test_two_data_sources(tmp_path, tiny_model_dir, capsys):
+    message = run_cli(["train", recipe_with(tmp_path, tiny_model_dir, dataset_name="drugscom")], capsys)
+    assert "names two data sources (dataset_name 'drugscom' and train_file); keep one" in message
+
+
+def test_unknown_dataset_name(tmp_path, tiny_model_dir, capsys):
+    recipe = recipe_with(tmp_path, tiny_model_dir, train_file="null", dataset_name="drugscon")
+    message = run_cli(["train", recipe], capsys)
+    assert "drugscon" in message and "drugscom" in message and "finetune data list" in message
+
+
+def test_hub_dataset_offline(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    recipe = recipe_with(tmp_path, tiny_model_dir, train_file="null", dataset_name="yelp_review_full")
+    status = main(["train", str(recipe)])
+    err = capsys.readouterr().err.strip().splitlines()
+    # One line saying where it loads from, then the one-line error.
+    assert status == 2 and len(err) == 2 and err[-1].startswith("error: "), err
+    assert "cannot reach the Hugging Face Hub to load 'Yelp/yelp_review_full'" in err[-1]
+    assert "replace dataset_name in the recipe with train_file/test_file" in err[-1]
 
 
 @pytest.mark.parametrize(

