@@ -19,6 +19,7 @@ import functools
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from .accumulation import (
     validate_accumulation_steps,
     windows,
 )
+from .class_weights import balanced_class_weights
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 
@@ -44,15 +46,23 @@ class ReviewTrainer(Trainer):
     ``gradient_accumulation_steps`` (``n_accumulate``) micro-batches make one
     window; the optimizer and the LR scheduler step once per window, and
     ``state.global_step`` counts windows (updates).
+
+    ``class_weights`` (one per class), or ``class_weighting: balanced`` in the
+    arguments, turns the loss into a class-weighted cross-entropy: each
+    review's loss counts with its class's weight, and the window's loss is the
+    weighted mean over all its reviews, as for one full batch.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, class_weights: Sequence[float] | torch.Tensor | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         validate_accumulation_steps(self.args.gradient_accumulation_steps)
         # Our loop draws its own per-epoch bar; keep stock evaluation bars.
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(EvaluationProgressCallback)
         self.skipped_updates = 0
+        if class_weights is None and getattr(self.args, "class_weighting", "none") == "balanced":
+            class_weights = balanced_class_weights(self.train_dataset["labels"], self.model.config.num_labels)
+        self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
 
     # ------------------------------------------------------------------ setup
 
@@ -183,30 +193,62 @@ class ReviewTrainer(Trainer):
     def _accumulate_window(
         self, model: nn.Module, window: list[dict[str, Any]], epoch_loss: _LossTracker, bar: EpochProgressBar
     ) -> _LossTracker:
-        """Forward and backward every micro-batch of one window, weighting each by its share of samples."""
-        micro_samples = [self._count_samples(inputs) for inputs in window]
-        window_samples = self._sum_over_processes(sum(micro_samples))
+        """Forward and backward every micro-batch of one window, weighting each by its share of the window's loss.
+
+        A micro-batch's share is its samples over the window's samples, or with
+        class weights its samples' summed weights over the window's.
+        """
+        micro_masses = [self._loss_mass(inputs) for inputs in window]
+        window_mass = self._sum_over_processes(sum(micro_masses))
         # Summed on the device and read once per window: a .item() per micro-batch would
         # stall a GPU on every micro-step.
         window_loss_sum = torch.zeros((), dtype=torch.float64, device=self.args.device)
-        for index, (inputs, samples) in enumerate(zip(window, micro_samples)):
+        for index, (inputs, mass) in enumerate(zip(window, micro_masses)):
             is_update_step = index == len(window) - 1
             # Gradients are all-reduced once per update, on the window's last micro-batch.
             self.accelerator.gradient_state._set_sync_gradients(is_update_step)
             sync_context = (
                 contextlib.nullcontext if is_update_step else functools.partial(self.accelerator.no_sync, model=model)
             )
-            weight = micro_batch_weight(samples, window_samples, self.accelerator.num_processes)
+            weight = micro_batch_weight(mass, window_mass, self.accelerator.num_processes)
             with sync_context():
                 mean_loss = self._forward_backward(model, inputs, weight)
-            window_loss_sum += mean_loss.double() * samples
+            window_loss_sum += mean_loss.double() * mass
             if not is_update_step:
                 bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
-        window_loss = _LossTracker(float(window_loss_sum), sum(micro_samples))
+        samples = sum(self._count_samples(inputs) for inputs in window)
+        window_loss = _LossTracker(float(window_loss_sum), sum(micro_masses), samples)
         epoch_loss.add(window_loss)
         bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
         return window_loss
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        """Trainer's loss; with class weights, the class-weighted cross-entropy (a weighted mean over the batch).
+
+        Used for training and evaluation alike, so the two losses are comparable.
+        """
+        if self.class_weights is None or "labels" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        # cross_entropy with weight= divides by the summed weights of the batch's labels,
+        # which is what makes micro-batches add up to the full window (see _loss_mass).
+        loss = nn.functional.cross_entropy(
+            logits.float().view(-1, logits.shape[-1]),
+            labels.view(-1),
+            weight=self.class_weights.to(logits.device),
+            label_smoothing=self.args.label_smoothing_factor,
+        )
+        return (loss, outputs) if return_outputs else loss
 
     def _forward_backward(self, model: nn.Module, inputs: dict[str, Any], weight: float) -> torch.Tensor:
         """One micro-batch: its mean loss, backpropagated with ``weight``. Returns the unscaled mean loss (detached)."""
@@ -269,12 +311,21 @@ class ReviewTrainer(Trainer):
             reference = next(value for value in inputs.values() if isinstance(value, torch.Tensor))
         return int(reference.shape[0])
 
-    def _sum_over_processes(self, count: int) -> int:
-        """``count`` summed over all processes (a no-op on one)."""
+    def _loss_mass(self, inputs: dict[str, Any]) -> float:
+        """What a micro-batch's mean loss is averaged over: its samples, or their summed class weights."""
+        if self.class_weights is None or inputs.get("labels") is None:
+            return float(self._count_samples(inputs))
+        labels = inputs["labels"].view(-1).cpu()
+        return float(self.class_weights[labels].double().sum())
+
+    def _sum_over_processes(self, value: float) -> float:
+        """``value`` summed over all processes (a no-op on one)."""
         if self.accelerator.num_processes == 1:
-            return count
-        total = self.accelerator.reduce(torch.tensor(count, device=self.args.device), reduction="sum")
-        return int(total.item())
+            return value
+        total = self.accelerator.reduce(
+            torch.tensor(value, device=self.args.device, dtype=torch.float64), reduction="sum"
+        )
+        return float(total.item())
 
     def _log_evaluate_save(
         self,
@@ -287,8 +338,8 @@ class ReviewTrainer(Trainer):
     ) -> None:
         """Log, evaluate and save when the callbacks ask for it (Trainer's flow, our loss)."""
         if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
-            loss_sum, samples = self._loss_since_log.reduced(self.accelerator)
-            logs: dict[str, float] = {"loss": loss_sum / samples if samples else float("nan")}
+            loss_sum, mass, _ = self._loss_since_log.reduced(self.accelerator)
+            logs: dict[str, float] = {"loss": loss_sum / mass if mass else float("nan")}
             if grad_norm is not None:
                 logs["grad_norm"] = grad_norm
             logs["learning_rate"] = learning_rate
@@ -311,8 +362,8 @@ class ReviewTrainer(Trainer):
 
     def _finish_training(self, trial: Any, start_time: float, run_loss: _LossTracker) -> TrainOutput:
         """Final metrics, best-model reload, ``on_train_end``."""
-        loss_sum, samples = run_loss.reduced(self.accelerator)
-        train_loss = loss_sum / samples if samples else float("nan")
+        loss_sum, mass, samples = run_loss.reduced(self.accelerator)
+        train_loss = loss_sum / mass if mass else float("nan")
         metrics = speed_metrics(
             "train", start_time, num_samples=samples, num_steps=self.state.global_step - self._initial_global_step
         )
@@ -332,25 +383,33 @@ class ReviewTrainer(Trainer):
 
 
 class _LossTracker:
-    """A running sum of per-sample losses and their count: means that do not depend on n."""
+    """A running sum of per-sample losses, the mass they are averaged over, and the sample count.
 
-    def __init__(self, loss_sum: float = 0.0, samples: int = 0) -> None:
+    The mass is the number of samples, or with class weights their summed
+    weights; either way the mean does not depend on n.
+    """
+
+    def __init__(self, loss_sum: float = 0.0, mass: float = 0.0, samples: int = 0) -> None:
         self.loss_sum = loss_sum
+        self.mass = mass
         self.samples = samples
 
     def add(self, other: _LossTracker) -> None:
         """Add another tracker's totals."""
         self.loss_sum += other.loss_sum
+        self.mass += other.mass
         self.samples += other.samples
 
     def mean(self) -> float:
-        """Per-sample mean so far (0.0 before any sample)."""
-        return self.loss_sum / self.samples if self.samples else 0.0
+        """Per-sample (weighted) mean so far (0.0 before any sample)."""
+        return self.loss_sum / self.mass if self.mass else 0.0
 
-    def reduced(self, accelerator: Any) -> tuple[float, int]:
-        """``(loss_sum, samples)`` summed over all processes."""
+    def reduced(self, accelerator: Any) -> tuple[float, float, int]:
+        """``(loss_sum, mass, samples)`` summed over all processes."""
         if accelerator.num_processes == 1:
-            return self.loss_sum, self.samples
-        totals = torch.tensor([self.loss_sum, float(self.samples)], device=accelerator.device, dtype=torch.float64)
+            return self.loss_sum, self.mass, self.samples
+        totals = torch.tensor(
+            [self.loss_sum, self.mass, float(self.samples)], device=accelerator.device, dtype=torch.float64
+        )
         totals = accelerator.reduce(totals, reduction="sum")
-        return float(totals[0]), int(totals[1])
+        return float(totals[0]), float(totals[1]), int(totals[2])

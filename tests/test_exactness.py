@@ -33,8 +33,13 @@ def initial_model(tiny_model_dir):
     return BertForSequenceClassification.from_pretrained(tiny_model_dir)
 
 
-def reference_full_batch_steps(model, dataset, collator, window_samples: int, epochs: int = 1) -> torch.Tensor:
-    """One explicit SGD(lr=1) step per window on the concatenation of its samples."""
+def reference_full_batch_steps(
+    model, dataset, collator, window_samples: int, epochs: int = 1, class_weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One explicit SGD(lr=1) step per window on the concatenation of its samples.
+
+    With ``class_weights`` the window's loss is PyTorch's class-weighted cross-entropy over the whole window.
+    """
     model = copy.deepcopy(model)
     model.train()
     parameters = list(model.parameters())
@@ -42,7 +47,11 @@ def reference_full_batch_steps(model, dataset, collator, window_samples: int, ep
         for start in range(0, len(dataset), window_samples):
             rows = range(start, min(start + window_samples, len(dataset)))
             batch = collator([dataset[row] for row in rows])
-            loss = model(**batch).loss
+            if class_weights is None:
+                loss = model(**batch).loss
+            else:
+                labels = batch.pop("labels")
+                loss = torch.nn.functional.cross_entropy(model(**batch).logits, labels, weight=class_weights)
             gradients = torch.autograd.grad(loss, parameters, allow_unused=True)
             with torch.no_grad():
                 for parameter, gradient in zip(parameters, gradients):
@@ -51,9 +60,9 @@ def reference_full_batch_steps(model, dataset, collator, window_samples: int, ep
     return flat_parameters(model)
 
 
-def trained_parameters(trainer_class, model, dataset, collator, output_dir, micro_batch, n, epochs=1):
+def trained_parameters(trainer_class, model, dataset, collator, output_dir, micro_batch, n, epochs=1, **overrides):
     model = copy.deepcopy(model)
-    args = sgd_args(output_dir, micro_batch, n, epochs)
+    args = sgd_args(output_dir, micro_batch, n, epochs, **overrides)
     trainer_class(model=model, args=args, train_dataset=dataset, data_collator=collator).train()
     return flat_parameters(model)
 
@@ -161,3 +170,49 @@ def test_n_larger_than_epoch_makes_one_update_and_warns(initial_model, tokenizer
         result = trainer.train()
     assert result.global_step == 2
     assert_matches_reference(flat_parameters(model), reference, flat_parameters(initial_model))
+
+
+def by_hand_balanced_weights(labels: list[int], num_classes: int) -> torch.Tensor:
+    """n_samples / (n_classes * n_in_class), written out here rather than taken from the code under test."""
+    counts = [labels.count(class_id) for class_id in range(num_classes)]
+    return torch.tensor([len(labels) / (num_classes * count) for count in counts])
+
+
+def imbalanced_dataset(tokenizer, samples: int):
+    dataset = review_dataset(tokenizer, samples, seed=3)
+    # Mostly class 2, as in drugscom, so the weights are far from 1.
+    labels = [0 if index % 7 == 0 else 1 if index % 5 == 0 else 2 for index in range(samples)]
+    return dataset.remove_columns("labels").add_column("labels", labels)
+
+
+@pytest.mark.parametrize(("samples", "micro_batch", "n"), [(12, 3, 2), (10, 3, 2), (10, 4, 4)])
+def test_class_weighted_update_equals_weighted_full_batch_step(
+    initial_model, tokenizer, tmp_path, samples, micro_batch, n
+):
+    """Contract with class_weighting: balanced: each window equals one weighted full-batch step."""
+    dataset = imbalanced_dataset(tokenizer, samples)
+    weights = by_hand_balanced_weights(dataset["labels"], 3)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, micro_batch * n, class_weights=weights)
+    unweighted = reference_full_batch_steps(initial_model, dataset, collator, micro_batch * n)
+    assert float((reference - unweighted).norm() / (reference - flat_parameters(initial_model)).norm()) > 0.01
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trained = trained_parameters(
+            ReviewTrainer, initial_model, dataset, collator, tmp_path, micro_batch, n, class_weighting="balanced"
+        )
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+
+
+def test_class_weighted_windows_must_be_normalised_by_summed_weights(initial_model, tokenizer, tmp_path, monkeypatch):
+    """The check has teeth: sharing the window by sample counts instead of summed weights is caught."""
+    dataset = imbalanced_dataset(tokenizer, 10)
+    weights = by_hand_balanced_weights(dataset["labels"], 3)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, 6, class_weights=weights)
+    monkeypatch.setattr(ReviewTrainer, "_loss_mass", lambda self, inputs: float(len(inputs["labels"])))
+    trained = trained_parameters(
+        ReviewTrainer, initial_model, dataset, collator, tmp_path, 3, 2, class_weighting="balanced"
+    )
+    with pytest.raises(AssertionError, match="relative"):
+        assert_matches_reference(trained, reference, flat_parameters(initial_model))
