@@ -86,10 +86,14 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
         splits[split], report.dropped[split] = _to_text_and_labels(table, raw, split, data_args, label_names)
         report.rows_read[split] = len(table)
 
-    if "validation" not in splits:
-        splits = _hold_out(splits, "validation", data_args.validation_split_percentage, label_names, seed)
+    # Both shares are of the source's whole train split.
+    source_train_rows = len(splits["train"])
     if "test" not in splits and data_args.test_split_percentage:
-        splits = _hold_out(splits, "test", data_args.test_split_percentage, label_names, seed)
+        held_out = round(source_train_rows * data_args.test_split_percentage / 100)
+        splits = _hold_out(splits, "test", held_out, label_names, seed)
+    if "validation" not in splits:
+        held_out = round(source_train_rows * data_args.validation_split_percentage / 100)
+        splits = _hold_out(splits, "validation", held_out, label_names, seed)
     report.rows = {split: len(rows) for split, rows in splits.items()}
     report.class_counts = {
         split: dict(zip(label_names, _class_counts(rows, len(label_names)))) for split, rows in splits.items()
@@ -356,16 +360,20 @@ def _class_counts(rows: datasets.Dataset, num_classes: int) -> list[int]:
 
 
 def _hold_out(
-    splits: datasets.DatasetDict, split: str, percentage: int, label_names: list[str], seed: int
+    splits: datasets.DatasetDict, split: str, held_out: int, label_names: list[str], seed: int
 ) -> datasets.DatasetDict:
-    """Split ``percentage`` of train off as ``split``, stratified by class when every class can give a row."""
+    """Split ``held_out`` rows of train off as ``split``, stratified by class when every class can give a row."""
     train = splits["train"]
+    if not 0 < held_out < len(train):
+        raise FinetuneError(
+            f"cannot hold out {held_out} of {len(train)} training reviews as {split}; "
+            f"give a {split}_file or change {split}_split_percentage"
+        )
     counts = _class_counts(train, len(label_names))
-    held_out = round(len(train) * percentage / 100)
     # Stratifying needs every class on both sides: two reviews of each, and room for one of each per side.
     can_stratify = min(counts) >= 2 and min(held_out, len(train) - held_out) >= len(label_names)
     stratify = "labels" if can_stratify else None
-    parted = train.train_test_split(test_size=percentage / 100, seed=seed, stratify_by_column=stratify)
+    parted = train.train_test_split(test_size=held_out, seed=seed, stratify_by_column=stratify)
     result = datasets.DatasetDict({"train": parted["train"], split: parted["test"]})
     for other in ("validation", "test"):
         if other in splits and other != split:

