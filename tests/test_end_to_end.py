@@ -148,3 +148,45 @@ def test_refuses_to_train_over_a_run_then_overwrites_when_asked(trained_run, tmp
     assert main(["train", str(recipe), "--overwrite_output_dir"]) == 0
     assert not list(other.glob("checkpoint-*"))
     assert json.loads((other / "trainer_state.json").read_text())["global_step"] == 2
+
+
+def test_messy_data_run_records_what_was_dropped_and_weighted(tmp_path, tiny_model_dir, capsys):
+    rows = [f'"Review number {index} isn&#039;t bad",{1 + index % 5}' for index in range(30)]
+    rows += ['"   ",4', '"no stars",', '"rated zero",0']
+    train = tmp_path / "train.csv"
+    train.write_text("review,stars\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    recipe = tiny_recipe(
+        tmp_path,
+        tiny_model_dir,
+        tmp_path / "run",
+        dataset_dir="null",
+        train_file=str(train),
+        title_column="null",
+        class_weighting="balanced",
+        truncation_side="left",
+        num_train_epochs=1,
+        load_best_model_at_end="false",
+        save_strategy="no",
+    )
+    assert main(["train", str(recipe)]) == 0
+    err = capsys.readouterr().err
+    assert "train: read 33 rows, dropped 3 (1 empty text, 1 missing label, 1 label outside label_bins)" in err
+    assert "class weights: negative" in err
+    run = json.loads((tmp_path / "run" / "finetune_run.json").read_text())
+    assert run["data_report"]["dropped"]["train"] == {
+        "empty text": 1,
+        "missing label": 1,
+        "label outside label_bins": 1,
+    }
+    assert run["data_report"]["rows"] == {"train": 27, "validation": 3}
+    # 12 / 6 / 12 kept; the stratified hold-out takes one of each, so training has 11 / 5 / 11.
+    assert run["class_weights"] == pytest.approx([27 / 33, 27 / 15, 27 / 33])
+    saved = json.loads((tmp_path / "run" / "tokenizer_config.json").read_text())
+    assert saved["truncation_side"] == "left"
+
+
+def test_predict_cleans_and_joins_like_training():
+    from finetune.prediction import _model_inputs
+
+    rows = [{"title": "Nice", "review": "It&#039;s fine<br />Really"}, {"title": "", "review": "plain"}]
+    assert _model_inputs(rows, "review", "title", clean=True) == ["Nice. It's fine\nReally", "plain"]
