@@ -5,6 +5,7 @@
 | ``train RECIPE [--field value ...]`` | :func:`finetune.train.train` |
 | ``evaluate PATH [--data FILE]`` | :func:`finetune.evaluation.evaluate` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.prediction.predict` |
+| ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.fetch.fetch` |
 
@@ -49,6 +50,19 @@ def _predict(options: argparse.Namespace, extra: list[str]) -> None:
         text_column=options.text_column,
         batch_size=options.batch_size,
         overwrite=options.overwrite,
+    )
+
+
+def _bench(options: argparse.Namespace, extra: list[str]) -> None:
+    from .bench import bench
+
+    bench(
+        options.recipe,
+        extra,
+        updates=options.updates,
+        output=options.output,
+        memory=options.memory,
+        inference=not options.no_inference,
     )
 
 
@@ -104,6 +118,18 @@ def build_cli() -> argparse.ArgumentParser:
     predict.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     predict.set_defaults(handler=_predict)
 
+    bench = commands.add_parser(
+        "bench",
+        help="ReviewTrainer vs stock Trainer vs the classic loop on a recipe; --memory for peak memory against n",
+        description="Recipe fields can be overridden after the options, e.g. --per_device_train_batch_size 16.",
+    )
+    bench.add_argument("recipe", help="a recipe YAML file, e.g. recipes/drugscom.yaml")
+    bench.add_argument("--updates", type=int, default=20, help="updates each system trains for (default: 20)")
+    bench.add_argument("--output", help="also save the report as JSON here")
+    bench.add_argument("--memory", action="store_true", help="peak memory of ReviewTrainer for n in 1, 4, 16 and 4b")
+    bench.add_argument("--no_inference", action="store_true", help="skip the prediction throughput comparison")
+    bench.set_defaults(handler=_bench)
+
     data = commands.add_parser("data", help="list the review datasets the project knows, fetch one into the cache")
     data_commands = data.add_subparsers(
         dest="data_command", metavar="{list,fetch}", required=True, parser_class=_Parser
@@ -128,7 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         options, extra = build_cli().parse_known_args(argv)
-        if options.command != "train" and extra:
+        # train and bench pass unknown flags on as recipe overrides.
+        if options.command not in ("train", "bench") and extra:
             command = " ".join(filter(None, (options.command, getattr(options, "data_command", None))))
             raise FinetuneError(f"unrecognized arguments: {' '.join(extra)}; see 'finetune {command} --help'")
         _quiet_libraries()

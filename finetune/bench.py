@@ -1,0 +1,340 @@
+"""``finetune bench``: ReviewTrainer, stock Trainer and the classic loop side by side, on one recipe.
+
+Each system trains the recipe's model from the same seed on the same samples
+for the same number of updates, with the same micro-batch, n_accumulate and
+optimizer, in its own process (see :mod:`finetune.bench_systems`). The report
+gives throughput in samples and real (non-pad) tokens, the pad fraction, peak
+resident memory, achieved GFLOP/s from :mod:`finetune.flops`, and that as a
+share of a matrix-multiply peak measured here at start (MFU). Ratios against
+ReviewTrainer come first. Timings are for reading, never for asserting.
+
+``--memory`` runs ReviewTrainer alone at micro-batch b with n in {1, 4, 16}
+and at 4b with n = 1, on identical micro-batches, to show that accumulation
+costs no activation memory.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from .bench_systems import CLASSIC_LOOP, INFERENCE, REVIEW_TRAINER, STOCK_TRAINER, SystemSpec, run_in_child
+from .errors import FinetuneError
+
+TRAINING_SYSTEMS = (REVIEW_TRAINER, STOCK_TRAINER, CLASSIC_LOOP)
+MEMORY_ACCUMULATION_STEPS = (1, 4, 16)
+MIB = 1024 * 1024
+
+
+def bench(
+    recipe: str | None,
+    overrides: list[str] | None = None,
+    updates: int = 20,
+    output: str | None = None,
+    memory: bool = False,
+    inference: bool = True,
+) -> dict[str, Any]:
+    """Run the bench on ``recipe`` and return (and print, and save to ``output``) its report."""
+    import torch
+
+    from .data import load_review_data, tokenize_splits
+    from .flops import measure_gemm_peak, non_embedding_parameters
+    from .modeling import load_classifier, load_tokenizer
+    from .recipes import load_recipe
+    from .sources import progress_bars
+
+    if updates < 1:
+        raise FinetuneError(f"--updates must be >= 1 (got {updates}); try --updates 20")
+    if output and Path(output).exists():
+        raise FinetuneError(f"{output} already exists; choose another --output or remove it")
+    overrides = list(overrides or [])
+    run = load_recipe(recipe, overrides)
+    args = run.training
+    micro_batch, n_accumulate = args.per_device_train_batch_size, args.gradient_accumulation_steps
+
+    # The same samples for every system, tokenized once.
+    data = load_review_data(run.data, seed=args.seed)
+    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
+    encoded, _ = tokenize_splits(data.splits, tokenizer, run.data.max_length)
+    model = load_classifier(run.model, data.label_names)
+    config = model.config
+    model_shape = {
+        "non_embedding_parameters": non_embedding_parameters(model),
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+    }
+    del model
+    gemm_peak = measure_gemm_peak()
+    load = os.getloadavg()[0]
+    if load > 0.5 * (os.cpu_count() or 1):
+        # Timings are only comparable on an otherwise idle machine.
+        print(f"warning: load average {load:.1f} on {os.cpu_count()} cores; timings will be noisy", file=sys.stderr)
+
+    workdir = Path(tempfile.mkdtemp(prefix="finetune-bench-data-"))
+    try:
+        with progress_bars(False):  # "Saving the dataset" bars would bury the bench's own
+            if memory:
+                specs = _memory_specs(
+                    recipe, overrides, encoded["train"], workdir, data.label_names, micro_batch, updates
+                )
+            else:
+                specs = _speed_specs(recipe, overrides, encoded["train"], workdir, data.label_names, updates)
+                held_out = "test" if "test" in data.splits else "validation"
+                if inference:
+                    path = workdir / "inference"
+                    data.splits[held_out].select_columns(["text"]).save_to_disk(str(path))
+                    specs.append(SystemSpec(INFERENCE, recipe, overrides, str(path), data.label_names, updates))
+        results = _run_children(specs)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    report = {
+        "recipe": recipe,
+        "overrides": overrides,
+        "mode": "memory" if memory else "speed",
+        "updates": updates,
+        "micro_batch": micro_batch,
+        "gradient_accumulation_steps": n_accumulate,
+        "max_length": run.data.max_length,
+        "threads": torch.get_num_threads(),
+        "load_average_at_start": load,
+        "gemm_peak_gflops": gemm_peak,
+        "model": model_shape,
+        "flop_formula": "3 x sum over samples of (2 N s + 4 L d s^2), s = real tokens (see finetune/flops.py)",
+    }
+    if memory:
+        report["runs"] = [_memory_row(result) for result in results]
+        text = format_memory_report(report)
+    else:
+        training = [result for result in results if result["system"] != INFERENCE]
+        report["systems"] = [_speed_row(result, model_shape, gemm_peak) for result in training]
+        report["same_samples"] = len({tuple(result["sample_ids"]) for result in training}) == 1
+        report["ratios"] = _ratios(report["systems"])
+        inference_results = [result for result in results if result["system"] == INFERENCE]
+        if inference_results:
+            report["inference"] = _inference_row(inference_results[0])
+        text = format_speed_report(report)
+    print(text)
+    if output:
+        Path(output).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"saved to {output}", file=sys.stderr)
+    return report
+
+
+# ------------------------------------------------------------------ specs
+
+
+def _speed_specs(
+    recipe: str | None, overrides: list[str], train: Any, workdir: Path, label_names: list[str], updates: int
+) -> list[SystemSpec]:
+    from .recipes import load_recipe
+
+    args = load_recipe(recipe, overrides).training
+    needed = updates * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    if needed > len(train):
+        most = len(train) // (args.per_device_train_batch_size * args.gradient_accumulation_steps)
+        raise FinetuneError(
+            f"--updates {updates} needs {needed} training reviews and the recipe's train split has {len(train)}; "
+            f"pass --updates {most} or less"
+        )
+    # A seeded random subset, one epoch of it: every system sees exactly these samples once.
+    samples = train.shuffle(seed=args.seed).select(range(needed)).flatten_indices()
+    samples = samples.add_column("sample_id", list(range(needed)))
+    path = workdir / "train"
+    samples.save_to_disk(str(path))
+    return [SystemSpec(system, recipe, overrides, str(path), label_names, updates) for system in TRAINING_SYSTEMS]
+
+
+def _memory_specs(
+    recipe: str | None,
+    overrides: list[str],
+    train: Any,
+    workdir: Path,
+    label_names: list[str],
+    micro_batch: int,
+    updates: int,
+) -> list[SystemSpec]:
+    # Every micro-batch holds the same b longest reviews, so the configurations differ
+    # only in n and b: a larger n must not cost activation memory, a larger b does.
+    longest = sorted(range(len(train)), key=lambda row: -train[row]["length"])[:micro_batch]
+    needed = updates * micro_batch * max(MEMORY_ACCUMULATION_STEPS)
+    rows = [longest[index % micro_batch] for index in range(needed)]
+    samples = train.select(rows).flatten_indices().add_column("sample_id", list(range(needed)))
+    path = workdir / "memory"
+    samples.save_to_disk(str(path))
+    configurations = [(micro_batch, steps) for steps in MEMORY_ACCUMULATION_STEPS] + [(4 * micro_batch, 1)]
+    return [
+        SystemSpec(
+            REVIEW_TRAINER,
+            recipe,
+            overrides,
+            str(path),
+            label_names,
+            updates,
+            # Sequential order: with identical micro-batches, shuffling only adds noise.
+            extra_overrides=[
+                *("--per_device_train_batch_size", str(size)),
+                *("--gradient_accumulation_steps", str(steps)),
+                *("--train_sampling_strategy", "sequential"),
+            ],
+        )
+        for size, steps in configurations
+    ]
+
+
+def _run_children(specs: list[SystemSpec]) -> list[dict[str, Any]]:
+    """Run each spec in a fresh process, one after another, with one progress bar over all updates."""
+    context = multiprocessing.get_context("spawn")
+    total = sum(2 if spec.system == INFERENCE else spec.updates for spec in specs)
+    results = []
+    with tqdm(total=total, desc="bench", unit="update", dynamic_ncols=True) as bar:
+        for spec in specs:
+            shape = " x ".join(spec.extra_overrides[1::2][:2])  # micro-batch x n in --memory mode
+            bar.set_postfix_str(f"{spec.system} {shape}".strip())
+            queue = context.Queue()
+            process = context.Process(target=run_in_child, args=(spec, queue))
+            process.start()
+            while True:
+                kind, payload = queue.get()
+                if kind == "progress":
+                    bar.update(payload)
+                    continue
+                break
+            process.join()
+            if kind == "error":
+                raise FinetuneError(f"bench failed in {payload.splitlines()[0]}")
+            results.append(payload)
+    return results
+
+
+# ----------------------------------------------------------------- figures
+
+
+def _speed_row(result: dict[str, Any], model_shape: dict[str, int], gemm_peak: float) -> dict[str, Any]:
+    from .flops import training_flops
+
+    seconds = result["seconds"]
+    flops = training_flops(
+        result["lengths"],
+        model_shape["non_embedding_parameters"],
+        model_shape["num_layers"],
+        model_shape["hidden_size"],
+    )
+    gflops = flops / seconds / 1e9
+    return {
+        "system": result["system"],
+        "seconds": seconds,
+        "updates": result["updates"],
+        "samples": result["samples"],
+        "samples_per_second": result["samples"] / seconds,
+        "real_tokens_per_second": result["real_tokens"] / seconds,
+        "pad_fraction": 1 - result["real_tokens"] / result["padded_tokens"],
+        "peak_rss_mib": result["peak_rss_bytes"] / MIB,
+        "gflops": gflops,
+        "mfu": gflops / gemm_peak,
+        "train_loss": result["train_loss"],
+        "sample_ids": result["sample_ids"],
+    }
+
+
+def _ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    ours = next(row for row in rows if row["system"] == REVIEW_TRAINER)
+    return {
+        f"real_tokens_per_second vs {row['system']}": ours["real_tokens_per_second"] / row["real_tokens_per_second"]
+        for row in rows
+        if row is not ours
+    }
+
+
+def _inference_row(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "samples": result["samples"],
+        "ours_samples_per_second": result["samples"] / result["ours_seconds"],
+        "naive_samples_per_second": result["samples"] / result["naive_seconds"],
+        "speedup": result["naive_seconds"] / result["ours_seconds"],
+        "max_abs_probability_difference": result["max_abs_probability_difference"],
+    }
+
+
+def _memory_row(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "micro_batch": result["micro_batch"],
+        "gradient_accumulation_steps": result["gradient_accumulation_steps"],
+        "updates": result["updates"],
+        "samples": result["samples"],
+        "peak_rss_mib": result["peak_rss_bytes"] / MIB,
+        "training_increase_mib": (result["peak_rss_bytes"] - result["rss_before_training_bytes"]) / MIB,
+    }
+
+
+def format_speed_report(report: dict[str, Any]) -> str:
+    """The speed report as text: ratios first, then one table row per system."""
+    lines = [
+        f"bench: {report['recipe']}, {report['updates']} updates of {report['micro_batch']} x "
+        f"{report['gradient_accumulation_steps']} samples, {report['threads']} threads, "
+        f"GEMM peak {report['gemm_peak_gflops']:.0f} GFLOP/s",
+        "",
+    ]
+    for name, ratio in report["ratios"].items():
+        lines.append(f"ReviewTrainer real tokens/s vs {name.split(' vs ')[1]}: {ratio:.2f}x")
+    lines.append(f"same samples in every system: {'yes' if report['same_samples'] else 'NO'}")
+    lines += [
+        "",
+        "| system | seconds | samples/s | real tokens/s | pad fraction | peak RSS MiB | GFLOP/s | MFU |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in report["systems"]:
+        lines.append(
+            f"| {row['system']} | {row['seconds']:.1f} | {row['samples_per_second']:.2f} | "
+            f"{row['real_tokens_per_second']:.0f} | {row['pad_fraction']:.1%} | {row['peak_rss_mib']:.0f} | "
+            f"{row['gflops']:.1f} | {row['mfu']:.1%} |"
+        )
+    if "inference" in report:
+        row = report["inference"]
+        lines += [
+            "",
+            f"prediction on {row['samples']} held-out reviews: {row['ours_samples_per_second']:.1f} samples/s "
+            f"against {row['naive_samples_per_second']:.1f} for a loop padding to max_length "
+            f"({row['speedup']:.2f}x; probabilities agree to {row['max_abs_probability_difference']:.1e})",
+        ]
+    return "\n".join(lines)
+
+
+def format_memory_report(report: dict[str, Any]) -> str:
+    """The memory report as text: one row per (micro-batch, n), with n=16 against n=1 first."""
+    runs = report["runs"]
+    base = next(
+        row for row in runs if row["gradient_accumulation_steps"] == 1 and row["micro_batch"] == report["micro_batch"]
+    )
+    lines = [
+        f"bench --memory: {report['recipe']}, the same {report['micro_batch']} longest reviews in every micro-batch",
+        "",
+    ]
+    for row in runs:
+        if row is not base:
+            share = row["peak_rss_mib"] / base["peak_rss_mib"]
+            lines.append(
+                f"peak RSS at micro-batch {row['micro_batch']}, n={row['gradient_accumulation_steps']}: {share:.3f}x "
+                f"micro-batch {base['micro_batch']}, n=1 (increase during training "
+                f"{row['training_increase_mib']:.0f} MiB against {base['training_increase_mib']:.0f})"
+            )
+    lines += [
+        "",
+        "| micro-batch | n | samples per update | peak RSS MiB | increase during training MiB |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in runs:
+        lines.append(
+            f"| {row['micro_batch']} | {row['gradient_accumulation_steps']} | "
+            f"{row['micro_batch'] * row['gradient_accumulation_steps']} | {row['peak_rss_mib']:.0f} | "
+            f"{row['training_increase_mib']:.0f} |"
+        )
+    return "\n".join(lines)

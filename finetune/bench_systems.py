@@ -1,0 +1,258 @@
+"""The systems ``finetune bench`` compares, each run in its own process.
+
+A fresh process per system keeps the comparison fair (no warm caches or
+allocator state carried over) and makes its peak resident memory its own.
+Each system trains the same model from the same seed on the same samples for
+the same number of updates, and reports what it saw through a queue.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+REVIEW_TRAINER = "ReviewTrainer"
+STOCK_TRAINER = "stock Trainer"
+CLASSIC_LOOP = "classic loop"
+INFERENCE = "inference"
+
+
+@dataclass
+class SystemSpec:
+    """What one child process runs."""
+
+    system: str
+    recipe: str | None
+    overrides: list[str]
+    dataset_path: str
+    label_names: list[str]
+    updates: int
+    extra_overrides: list[str] = field(default_factory=list)
+
+
+def run_in_child(spec: SystemSpec, queue: Any) -> None:
+    """Entry point of a child process: run ``spec`` and put ``("result", dict)`` or ``("error", text)``."""
+    try:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # Trainer prints its log dicts when tqdm is off; the parent prints the report.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (kept open for the child's life)
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        _quiet()
+        runner = _inference if spec.system == INFERENCE else _train_system
+        queue.put(("result", runner(spec, queue)))
+    except BaseException as error:  # the parent turns it into one line
+        queue.put(("error", f"{spec.system}: {type(error).__name__}: {error}\n{traceback.format_exc()}"))
+
+
+def _quiet() -> None:
+    import logging
+
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # "Loading weights" bars would break the bench's bar
+    datasets.disable_progress_bars()
+    for name in ("transformers", "datasets", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _load(spec: SystemSpec) -> tuple[Any, Any, Any, Any]:
+    """The recipe (with bench overrides), the tokenizer, the seeded model and the bench samples."""
+    import datasets
+    from transformers import set_seed
+
+    from .modeling import load_classifier, load_tokenizer
+    from .recipes import load_recipe
+
+    output_dir = tempfile.mkdtemp(prefix="finetune-bench-")
+    run = load_recipe(
+        spec.recipe,
+        [
+            *spec.overrides,
+            *spec.extra_overrides,
+            *("--output_dir", output_dir, "--max_steps", str(spec.updates), "--num_train_epochs", "1"),
+            *("--eval_strategy", "no", "--save_strategy", "no", "--logging_strategy", "no"),
+            *("--report_to", "none", "--disable_tqdm", "true", "--load_best_model_at_end", "false"),
+            # The bench's collator needs the sample ids and lengths that Trainer would drop.
+            *("--remove_unused_columns", "false"),
+        ],
+    )
+    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
+    set_seed(run.training.seed)
+    model = load_classifier(run.model, spec.label_names)
+    samples = datasets.load_from_disk(spec.dataset_path)
+    return run, tokenizer, model, samples
+
+
+class RecordingCollator:
+    """Pads like the system would and records which samples it saw and how many tokens were real or padding."""
+
+    def __init__(self, tokenizer: Any, pad_to_max_length: int | None = None) -> None:
+        from transformers import DataCollatorWithPadding
+
+        if pad_to_max_length is None:
+            self.collate = DataCollatorWithPadding(tokenizer)
+        else:
+            self.collate = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=pad_to_max_length)
+        self.sample_ids: list[int] = []
+        self.lengths: list[int] = []
+        self.padded_tokens = 0
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        features = [dict(feature) for feature in features]
+        for feature in features:
+            self.sample_ids.append(int(feature.pop("sample_id")))
+            self.lengths.append(int(feature.pop("length")))
+        batch = self.collate(features)
+        self.padded_tokens += int(batch["input_ids"].numel())
+        return batch
+
+
+def _progress_callback(queue: Any) -> Any:
+    from transformers import TrainerCallback
+
+    class _Progress(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            queue.put(("progress", 1))
+
+    return _Progress()
+
+
+def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
+    import psutil
+    import torch
+
+    run, tokenizer, model, samples = _load(spec)
+    args = run.training
+    # Exactly the samples of `updates` windows, so a prefetching loader cannot collate more.
+    samples = samples.select(range(spec.updates * args.per_device_train_batch_size * args.gradient_accumulation_steps))
+    pad_to = run.data.max_length if spec.system == CLASSIC_LOOP else None
+    collator = RecordingCollator(tokenizer, pad_to_max_length=pad_to)
+    rss_before = psutil.Process().memory_info().rss
+
+    started = time.perf_counter()
+    if spec.system == CLASSIC_LOOP:
+        final_loss = _classic_loop(model, samples, collator, args, spec.updates, queue)
+        updates = spec.updates
+    else:
+        from transformers import Trainer
+
+        from .trainer import ReviewTrainer
+
+        trainer_class = ReviewTrainer if spec.system == REVIEW_TRAINER else Trainer
+        trainer = trainer_class(
+            model=model,
+            args=args,
+            train_dataset=samples,
+            data_collator=collator,
+            callbacks=[_progress_callback(queue)],
+        )
+        result = trainer.train()
+        final_loss = result.training_loss
+        updates = result.global_step
+    seconds = time.perf_counter() - started
+
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return {
+        "system": spec.system,
+        "seconds": seconds,
+        "updates": updates,
+        "samples": len(collator.sample_ids),
+        "sample_ids": sorted(collator.sample_ids),
+        "lengths": collator.lengths,
+        "real_tokens": sum(collator.lengths),
+        "padded_tokens": collator.padded_tokens,
+        "peak_rss_bytes": peak_rss,
+        "rss_before_training_bytes": rss_before,
+        "train_loss": float(final_loss),
+        "micro_batch": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _classic_loop(model: Any, samples: Any, collator: Any, args: Any, updates: int, queue: Any) -> float:
+    """The loop most tutorials show: pad to max_length, ``loss / n``, step when ``(step + 1) % n == 0``."""
+    import torch
+    from transformers import get_scheduler
+
+    n_accumulate = args.gradient_accumulation_steps
+    loader = torch.utils.data.DataLoader(
+        samples,
+        batch_size=args.per_device_train_batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(args.seed),
+        collate_fn=collator,
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.get_warmup_steps(updates),
+        num_training_steps=updates,
+    )
+    criterion = torch.nn.CrossEntropyLoss()
+    model.train()
+    loss = torch.zeros(())
+    for step, data in enumerate(loader):
+        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+        loss = criterion(logits, data["labels"]) / n_accumulate
+        loss.backward()
+        if (step + 1) % n_accumulate == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+            queue.put(("progress", 1))
+    return float(loss) * n_accumulate
+
+
+def _inference(spec: SystemSpec, queue: Any) -> dict[str, Any]:
+    """Prediction throughput: the project's inference against a naive loop padding to max_length."""
+    import numpy as np
+    import torch
+    from transformers import DataCollatorWithPadding
+
+    from .inference import predict_probabilities
+
+    run, tokenizer, model, samples = _load(spec)
+    texts = list(samples["text"])
+    batch_size = run.training.per_device_eval_batch_size
+    max_length = run.data.max_length
+
+    started = time.perf_counter()
+    ours = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, max_length=max_length)
+    ours_seconds = time.perf_counter() - started
+    queue.put(("progress", 1))
+
+    # Naive: every review padded to max_length, in file order, autograd merely switched off.
+    started = time.perf_counter()
+    model.eval()
+    collator = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=max_length)
+    encoded = tokenizer(texts, truncation=True, max_length=max_length)
+    naive = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            rows = [
+                {key: encoded[key][row] for key in encoded} for row in range(start, min(start + batch_size, len(texts)))
+            ]
+            logits = model(**collator(rows)).logits
+            naive.append(torch.softmax(logits, dim=-1).numpy())
+    naive_seconds = time.perf_counter() - started
+    queue.put(("progress", 1))
+    return {
+        "system": INFERENCE,
+        "samples": len(texts),
+        "real_tokens": sum(len(ids) for ids in encoded["input_ids"]),
+        "ours_seconds": ours_seconds,
+        "naive_seconds": naive_seconds,
+        "max_abs_probability_difference": float(np.abs(ours - np.concatenate(naive)).max()),
+    }

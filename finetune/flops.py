@@ -1,0 +1,48 @@
+"""How much arithmetic training a BERT encoder costs, and how much this machine can do.
+
+The FLOP count is the usual transformer estimate (Kaplan et al. 2020, and
+PaLM's appendix B for attention), written out so the bench's MFU can be checked
+by hand:
+
+- forward, per sequence of ``s`` real tokens: ``2 * N * s`` for the weight
+  matrices (``N`` = parameters outside the embedding tables, which are lookups)
+  plus ``4 * L * d * s**2`` for attention scores and their weighted sum
+  (``L`` layers, hidden size ``d``);
+- backward costs twice the forward, so training is 3x the forward.
+
+Only real tokens are counted: padding is work the model does but should not.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+
+def non_embedding_parameters(model: nn.Module) -> int:
+    """Parameters that take part in matrix products (everything but the embedding tables)."""
+    return sum(parameter.numel() for name, parameter in model.named_parameters() if ".embeddings." not in f".{name}")
+
+
+def training_flops(lengths: list[int], non_embedding: int, num_layers: int, hidden_size: int) -> float:
+    """Forward + backward FLOPs for sequences of the given real lengths."""
+    forward = sum(2 * non_embedding * length + 4 * num_layers * hidden_size * length**2 for length in lengths)
+    return 3.0 * forward
+
+
+def measure_gemm_peak(size: int = 2048, repeats: int = 8, rounds: int = 3) -> float:
+    """The best fp32 matrix-multiply rate this process reaches, in GFLOP/s (CPU, current thread settings)."""
+    generator = torch.Generator().manual_seed(0)
+    left = torch.randn(size, size, generator=generator)
+    right = torch.randn(size, size, generator=generator)
+    left @ right  # warm-up: the first call pays for allocation and kernel selection
+    best = 0.0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(repeats):
+            left @ right
+        seconds = time.perf_counter() - started
+        best = max(best, 2 * size**3 * repeats / seconds / 1e9)
+    return best

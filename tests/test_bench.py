@@ -1,0 +1,93 @@
+"""``finetune bench`` on a tiny model: the report's fields, and the same samples for every system.
+
+No timing is asserted; the bench's figures are for reading (see the README).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from finetune.cli import main
+from finetune.flops import training_flops
+
+PROJECT = Path(__file__).parent.parent
+
+
+def tiny_bench_recipe(folder: Path, model_dir: Path) -> Path:
+    lines = [
+        "# test recipe: finetune train recipe.yaml",
+        f"model_name_or_path: {model_dir}",
+        f"dataset_dir: {PROJECT / 'data' / 'reviews'}",
+        "text_column: review",
+        "title_column: title",
+        "label_column: stars",
+        "label_bins: {negative: [1, 2], neutral: [3], positive: [4, 5]}",
+        "max_length: 64",
+        f"output_dir: {folder / 'unused'}",
+        "per_device_train_batch_size: 4",
+        "per_device_eval_batch_size: 16",
+        "gradient_accumulation_steps: 2",
+        "learning_rate: 1.0e-3",
+        "train_sampling_strategy: group_by_length",
+        "use_cpu: true",
+    ]
+    path = folder / "recipe.yaml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys):
+    output = tmp_path / "bench.json"
+    status = main(
+        ["bench", str(tiny_bench_recipe(tmp_path, tiny_model_dir)), "--updates", "2", "--output", str(output)]
+    )
+    assert status == 0
+    report = json.loads(output.read_text())
+    assert [row["system"] for row in report["systems"]] == ["ReviewTrainer", "stock Trainer", "classic loop"]
+    for row in report["systems"]:
+        assert row["updates"] == 2 and row["samples"] == 2 * 4 * 2
+        for field in ("samples_per_second", "real_tokens_per_second", "pad_fraction", "peak_rss_mib", "gflops", "mfu"):
+            assert row[field] > 0 or (field == "pad_fraction" and row[field] >= 0), field
+    assert report["same_samples"] is True
+    assert len({tuple(row["sample_ids"]) for row in report["systems"]}) == 1
+    # The classic loop pads every review to max_length; the others pad per batch.
+    classic = report["systems"][2]
+    assert classic["pad_fraction"] > max(row["pad_fraction"] for row in report["systems"][:2])
+    assert set(report["ratios"]) == {
+        "real_tokens_per_second vs stock Trainer",
+        "real_tokens_per_second vs classic loop",
+    }
+    assert report["inference"]["max_abs_probability_difference"] < 1e-4
+    text = capsys.readouterr().out
+    # Ratios come first, then the table.
+    assert text.index("ReviewTrainer real tokens/s vs stock Trainer") < text.index("| system |")
+
+
+def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):
+    output = tmp_path / "memory.json"
+    recipe = tiny_bench_recipe(tmp_path, tiny_model_dir)
+    assert main(["bench", str(recipe), "--memory", "--updates", "1", "--output", str(output)]) == 0
+    runs = json.loads(output.read_text())["runs"]
+    assert [(run["micro_batch"], run["gradient_accumulation_steps"]) for run in runs] == [
+        (4, 1),
+        (4, 4),
+        (4, 16),
+        (16, 1),
+    ]
+    assert [run["samples"] for run in runs] == [4, 16, 64, 16]
+    assert all(run["peak_rss_mib"] > 0 for run in runs)
+
+
+def test_too_many_updates_is_a_one_line_error(tmp_path, tiny_model_dir, capsys):
+    assert main(["bench", str(tiny_bench_recipe(tmp_path, tiny_model_dir)), "--updates", "1000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --updates 1000 needs 8000 training reviews") and "pass --updates" in err[-1]
+
+
+def test_flop_count_by_hand():
+    # One layer, hidden 2, 10 non-embedding parameters, two sequences of 3 and 1 tokens:
+    # forward = (2*10*3 + 4*1*2*9) + (2*10*1 + 4*1*2*1) = 132 + 28; training = 3x.
+    assert training_flops([3, 1], non_embedding=10, num_layers=1, hidden_size=2) == pytest.approx(3 * 160)
