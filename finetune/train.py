@@ -24,6 +24,7 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     from .metrics import build_compute_metrics, classification_report
     from .modeling import load_classifier, load_tokenizer
     from .recipes import load_recipe
+    from .report import UpdateRecorder, write_run_report
     from .runs import prepare_output_dir, save_run_config
     from .trainer import ReviewTrainer
 
@@ -51,7 +52,8 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     set_seed(args.seed)
     model = load_classifier(run.model, label_names)
 
-    # Train.
+    # Train. The recorder keeps every update's learning rate for the report's pictures.
+    update_recorder = UpdateRecorder()
     trainer = ReviewTrainer(
         model=model,
         args=args,
@@ -60,6 +62,7 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(label_names),
+        callbacks=[update_recorder],
     )
     if trainer.class_weights is not None and args.should_log:
         weights = ", ".join(f"{name} {weight:.3f}" for name, weight in zip(label_names, trainer.class_weights.tolist()))
@@ -82,6 +85,7 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     trainer.save_metrics("train", metrics)
 
     # Evaluate on the test split with the model that training ended with (the best, if asked).
+    report = None
     if "test" in encoded:
         prediction = trainer.predict(encoded["test"], metric_key_prefix="test")
         report = classification_report(prediction.predictions.argmax(-1), prediction.label_ids, label_names)
@@ -89,9 +93,19 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
         trainer.save_metrics("test", {"test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"]})
         Path(args.output_dir, "test_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
-    # Report.
+    # Report: pictures and the numbers behind them in report/.
     if trainer.is_world_process_zero():
+        report_dir = write_run_report(
+            args.output_dir,
+            args,
+            trainer.state,
+            update_recorder.updates,
+            recipe,
+            train_metrics={key: value for key, value in metrics.items() if key != "test"},
+            test_report=report,
+        )
         _print_summary(args.output_dir, metrics, train_seconds)
+        print(f"pictures and numbers in {report_dir}", file=sys.stderr)
     return metrics
 
 
