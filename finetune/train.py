@@ -22,6 +22,7 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
 
     from .data import load_review_data, tokenize_splits
     from .metrics import build_compute_metrics, classification_report
+    from .model_card import write_model_card
     from .modeling import load_classifier, load_tokenizer
     from .recipes import load_recipe
     from .report import UpdateRecorder, write_run_report
@@ -93,7 +94,8 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
         trainer.save_metrics("test", {"test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"]})
         Path(args.output_dir, "test_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
-    # Report: pictures and the numbers behind them in report/.
+    # Report: pictures and their numbers in report/, then the model card. The card is written
+    # last so that it, not a README.md from transformers' saving, is the one the folder keeps.
     if trainer.is_world_process_zero():
         report_dir = write_run_report(
             args.output_dir,
@@ -104,8 +106,9 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
             train_metrics={key: value for key, value in metrics.items() if key != "test"},
             test_report=report,
         )
+        card = write_model_card(args.output_dir)
         _print_summary(args.output_dir, metrics, train_seconds)
-        print(f"pictures and numbers in {report_dir}", file=sys.stderr)
+        print(f"pictures and numbers in {report_dir}, model card {card}", file=sys.stderr)
     return metrics
 
 

