@@ -44,10 +44,40 @@ def evaluate(
     for index, report in enumerate(reports):
         report["best"] = index == best
     print(format_table(reports))
-    out_name = f"evaluation_{Path(data).stem if data else split}.json"
+    scored_on = Path(data).stem if data else split
+    out_name = f"evaluation_{scored_on}.json"
     (folder / out_name).write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
     print(f"saved to {folder / out_name}", file=sys.stderr)
+    written = write_pictures_and_table(folder, scored_on, reports, label_names)
+    print(f"also wrote {', '.join(path.name for path in written)}", file=sys.stderr)
     return reports
+
+
+def write_pictures_and_table(
+    folder: Path, scored_on: str, reports: list[dict[str, Any]], label_names: list[str]
+) -> list[Path]:
+    """Write the table as markdown, the best model's confusion matrix and the scores per checkpoint.
+
+    The files go beside ``evaluation_<scored_on>.json``; the checkpoint
+    picture only when a run's checkpoints were scored. Returns the files written.
+    """
+    from .report import plot_checkpoints, plot_confusion_matrix
+
+    table = folder / f"evaluation_{scored_on}.md"
+    table.write_text(format_table(reports) + "\n", encoding="utf-8")
+    best = next(report for report in reports if report["best"])
+    confusion = folder / f"confusion_matrix_{scored_on}.png"
+    title = (
+        f"{Path(best['model']).name} on {scored_on}: {best['num_samples']} reviews, "
+        f"accuracy {best['accuracy']:.3f}, macro-F1 {best['macro_f1']:.3f}"
+    )
+    plot_confusion_matrix(confusion, best["confusion_matrix"], label_names, title)
+    written = [table, confusion]
+    if len(reports) > 1 and any(report["step"] is not None for report in reports):
+        progress = folder / f"checkpoints_{scored_on}.png"
+        plot_checkpoints(progress, reports, f"{folder.resolve().name} on {scored_on} ({best['num_samples']} reviews)")
+        written.append(progress)
+    return written
 
 
 def _score(
