@@ -32,6 +32,7 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     # Arguments: recipe, then flags. Everything is checked before anything is written.
     run = load_recipe(recipe, overrides)
     args = run.training
+    _check_integrations(args.report_to)
     resume = args.resume_from_checkpoint
     if resume == "auto":
         resume = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
@@ -110,6 +111,17 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
         _print_summary(args.output_dir, metrics, train_seconds)
         print(f"pictures and numbers in {report_dir}, model card {card}", file=sys.stderr)
     return metrics
+
+
+def _check_integrations(report_to: list[str]) -> None:
+    # Trainer would find out only after the data is read and the output folder made.
+    from transformers.integrations import is_tensorboard_available
+
+    if "tensorboard" in report_to and not is_tensorboard_available():
+        raise FinetuneError(
+            "report_to tensorboard needs TensorBoard, which is not installed; "
+            "pip install tensorboard, or set report_to: none"
+        )
 
 
 def _print_summary(output_dir: str, metrics: dict[str, Any], train_seconds: float) -> None:
