@@ -8,6 +8,7 @@ Mapping columns to text and labels is :mod:`finetune.data`'s job.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -155,7 +156,9 @@ def read_hub_dataset(hub_id: str, config: str | None, split_names: dict[str, str
     """A Hub dataset's splits, loaded by ``datasets`` as usual (needs a network the first time)."""
     print(f"loading {hub_id} from the Hugging Face Hub (cached by datasets after the first time)", file=sys.stderr)
     try:
-        loaded = datasets.load_dataset(hub_id, config)
+        # Offline, huggingface_hub logs every retry of every request; the error below says it once.
+        with _quiet_logger("huggingface_hub"):
+            loaded = datasets.load_dataset(hub_id, config)
     except (ConnectionError, TimeoutError) as error:
         raise FinetuneError(
             f"cannot reach the Hugging Face Hub to load '{hub_id}' ({_first_line(error)}); go online once "
@@ -204,3 +207,14 @@ def progress_bars(show: bool) -> Iterator[None]:
             datasets.enable_progress_bars()
         else:
             datasets.disable_progress_bars()
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
