@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import datasets
 import torch
+
+PROJECT = Path(__file__).parent.parent
 
 WORDS = [
     "great",
@@ -77,3 +80,35 @@ def sgd_args(output_dir, micro_batch: int, accumulation_steps: int, epochs: int 
 def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
     """All parameters as one vector (a copy)."""
     return torch.cat([parameter.detach().flatten().clone() for parameter in model.parameters()])
+
+
+def tiny_recipe(folder: Path, model_dir: Path, output_dir: Path, **fields) -> Path:
+    """The quickstart recipe pointed at the tiny model, for speed; ``fields`` replace or add recipe keys."""
+    values = {
+        "model_name_or_path": model_dir,
+        "dataset_dir": PROJECT / "data" / "reviews",
+        "text_column": "review",
+        "title_column": "title",
+        "label_column": "stars",
+        "label_bins": "{negative: [1, 2], neutral: [3], positive: [4, 5]}",
+        "max_length": 64,
+        "output_dir": output_dir,
+        "per_device_train_batch_size": 16,
+        "n_accumulate": 2,
+        "num_train_epochs": 2,
+        "learning_rate": "1.0e-3",
+        "eval_strategy": "epoch",
+        "save_strategy": "epoch",
+        "save_total_limit": 2,
+        "load_best_model_at_end": "true",
+        "metric_for_best_model": "macro_f1",
+        "train_sampling_strategy": "group_by_length",
+        "logging_steps": 5,
+        "use_cpu": "true",
+        "disable_tqdm": "true",
+    }
+    values.update(fields)
+    path = folder / "recipe.yaml"
+    lines = ["# test recipe: finetune train recipe.yaml", *(f"{key}: {value}" for key, value in values.items())]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -9,34 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import tiny_recipe
 
 from finetune.cli import main
 from finetune.flops import training_flops
 
-PROJECT = Path(__file__).parent.parent
-
 
 def tiny_bench_recipe(folder: Path, model_dir: Path) -> Path:
-    lines = [
-        "# test recipe: finetune train recipe.yaml",
-        f"model_name_or_path: {model_dir}",
-        f"dataset_dir: {PROJECT / 'data' / 'reviews'}",
-        "text_column: review",
-        "title_column: title",
-        "label_column: stars",
-        "label_bins: {negative: [1, 2], neutral: [3], positive: [4, 5]}",
-        "max_length: 64",
-        f"output_dir: {folder / 'unused'}",
-        "per_device_train_batch_size: 4",
-        "per_device_eval_batch_size: 16",
-        "gradient_accumulation_steps: 2",
-        "learning_rate: 1.0e-3",
-        "train_sampling_strategy: group_by_length",
-        "use_cpu: true",
-    ]
-    path = folder / "recipe.yaml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return tiny_recipe(folder, model_dir, folder / "unused", per_device_train_batch_size=4)
 
 
 def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys):

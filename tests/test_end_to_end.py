@@ -8,43 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import tiny_recipe
 
 from finetune.cli import main
 
 PROJECT = Path(__file__).parent.parent
 CLASSES = ["negative", "neutral", "positive"]
-
-
-def tiny_recipe(folder: Path, model_dir: Path, output_dir: Path, **extra) -> Path:
-    """The quickstart recipe pointed at the tiny model, for speed."""
-    lines = [
-        "# test recipe: finetune train recipe.yaml",
-        f"model_name_or_path: {model_dir}",
-        f"dataset_dir: {PROJECT / 'data' / 'reviews'}",
-        "text_column: review",
-        "title_column: title",
-        "label_column: stars",
-        "label_bins: {negative: [1, 2], neutral: [3], positive: [4, 5]}",
-        "max_length: 64",
-        f"output_dir: {output_dir}",
-        "per_device_train_batch_size: 16",
-        "n_accumulate: 2",
-        "num_train_epochs: 2",
-        "learning_rate: 1.0e-3",
-        "eval_strategy: epoch",
-        "save_strategy: epoch",
-        "save_total_limit: 2",
-        "load_best_model_at_end: true",
-        "metric_for_best_model: macro_f1",
-        "train_sampling_strategy: group_by_length",
-        "logging_steps: 5",
-        "use_cpu: true",
-        "disable_tqdm: true",
-        *(f"{key}: {value}" for key, value in extra.items()),
-    ]
-    path = folder / "recipe.yaml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")

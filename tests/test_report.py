@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import tiny_recipe
 from PIL import Image
-from test_end_to_end import tiny_recipe
 
 from finetune.cli import main
 from finetune.report import history_rows
