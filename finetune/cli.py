@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .errors import FinetuneError
+from .errors import FinetuneError, TrainingInterrupted
 
 
 def _train(options: argparse.Namespace, extra: list[str]) -> None:
@@ -163,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FinetuneError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as stop:
+        print(stop, file=sys.stderr)
+        return stop.exit_status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -9,3 +9,15 @@ class FinetuneError(ValueError):
     ``HfArgumentParser``, which re-raises ``ValueError`` from ``__post_init__``)
     can catch it the usual way.
     """
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped on a signal after saving a checkpoint; the message says how to resume.
+
+    The CLI prints the message and exits with ``exit_status`` (130 for
+    SIGINT, 143 for SIGTERM, as a shell reports a process ended by them).
+    """
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import FinetuneError
+from .errors import FinetuneError, TrainingInterrupted
 
 
 def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -21,6 +21,7 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     from transformers.trainer_utils import get_last_checkpoint
 
     from .data import load_review_data, tokenize_splits
+    from .interrupt import StopOnSignal
     from .metrics import build_compute_metrics, classification_report
     from .model_card import write_model_card
     from .modeling import load_classifier, load_tokenizer
@@ -54,8 +55,10 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     set_seed(args.seed)
     model = load_classifier(run.model, label_names)
 
-    # Train. The recorder keeps every update's learning rate for the report's pictures.
+    # Train. The recorder keeps every update's learning rate for the report's pictures;
+    # the stopper turns Ctrl-C / SIGTERM into "save at the next update and stop".
     update_recorder = UpdateRecorder()
+    stopper = StopOnSignal()
     trainer = ReviewTrainer(
         model=model,
         args=args,
@@ -64,7 +67,7 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(label_names),
-        callbacks=[update_recorder],
+        callbacks=[update_recorder, stopper],
     )
     if trainer.class_weights is not None and args.should_log:
         weights = ", ".join(f"{name} {weight:.3f}" for name, weight in zip(label_names, trainer.class_weights.tolist()))
@@ -79,6 +82,8 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     started = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.perf_counter() - started
+    if stopper.received is not None:
+        raise TrainingInterrupted(_resume_advice(trainer, stopper, recipe, overrides), stopper.exit_status)
 
     # Save: a standard model folder (config with id2label, safetensors, tokenizer).
     trainer.save_model()
@@ -111,6 +116,35 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
         _print_summary(args.output_dir, metrics, train_seconds)
         print(f"pictures and numbers in {report_dir}, model card {card}", file=sys.stderr)
     return metrics
+
+
+def _resume_advice(trainer: Any, stopper: Any, recipe: str | None, overrides: list[str] | None) -> str:
+    from .runs import checkpoints
+
+    saved = checkpoints(Path(trainer.args.output_dir))
+    where = saved[-1] if saved else trainer.args.output_dir
+    flags = _without_flags(overrides or [], {"--overwrite_output_dir": False, "--resume_from_checkpoint": True})
+    command = " ".join(["finetune", "train", *([recipe] if recipe else []), *flags])
+    return (
+        f"stopped by {stopper.received.name} at update {trainer.state.global_step} "
+        f"(epoch {trainer.state.epoch or 0:.2f}); checkpoint saved in {where}; "
+        f"resume with: {command} --resume_from_checkpoint auto"
+    )
+
+
+def _without_flags(flags: list[str], dropped: dict[str, bool]) -> list[str]:
+    """``flags`` minus the ``dropped`` ones (``True``: the flag takes a value, dropped with it)."""
+    kept: list[str] = []
+    skip_value = False
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        if skip_value:
+            skip_value = False
+        elif name in dropped:
+            skip_value = dropped[name] and "=" not in flag
+        else:
+            kept.append(flag)
+    return kept
 
 
 def _check_integrations(report_to: list[str]) -> None:

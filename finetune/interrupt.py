@@ -1,0 +1,56 @@
+"""Stop cleanly on Ctrl-C or a scheduler's SIGTERM: finish the update, save, say how to resume.
+
+The first signal asks the run to stop at the next update boundary, where a
+checkpoint is exact (no half-accumulated window to lose); a second one stops
+at once, as a user pressing Ctrl-C twice expects.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from transformers import TrainerCallback
+
+# The shell's convention: a process ended by signal N exits with 128 + N.
+EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class StopOnSignal(TrainerCallback):
+    """Turns SIGINT / SIGTERM into "save at the next update and stop"."""
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # Handlers can only be set from the main thread (a notebook's worker thread cannot).
+        if threading.current_thread() is threading.main_thread():
+            for signum in EXIT_STATUS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.received is not None:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.restore()
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before training."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    @property
+    def exit_status(self) -> int:
+        """130 for SIGINT, 143 for SIGTERM."""
+        return EXIT_STATUS[self.received] if self.received is not None else 0
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signal.Signals(signum)
+        # A second signal is not caught: it stops the process at once.
+        self.restore()
