@@ -10,6 +10,9 @@ whatever the size of the last micro-batch or window. See the README's
 
 Everything else (optimizer and scheduler creation, Accelerate, evaluation,
 checkpoints, callbacks) is Trainer's own; only the inner loop is replaced.
+
+The same loop runs on many processes (``torchrun``, ``accelerate launch``):
+see ``ReviewTrainer`` for how they share each window.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from .accumulation import (
     windows,
 )
 from .class_weights import balanced_class_weights
+from .distributed import stand_in_batch, with_empty_shares
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 
@@ -51,6 +55,26 @@ class ReviewTrainer(Trainer):
     arguments, turns the loss into a class-weighted cross-entropy: each
     review's loss counts with its class's weight, and the window's loss is the
     weighted mean over all its reviews, as for one full batch.
+
+    On N processes (DDP through ``torchrun`` or ``accelerate launch``), N
+    processes with micro-batch b make the same updates as one with N x b:
+
+    - **How ranks split a window.** Accelerate deals the one-process order's
+      micro-batches round robin, so global micro-batch k (micro-batch k of
+      every rank) holds exactly the samples of one process's micro-batch k of
+      N x b, in the same order. Accelerate's padding of the last one
+      (``even_batches``, which repeats samples from the epoch's start) is
+      turned off for training: the last global micro-batch is left short, so
+      a rank may get a short share or none. A rank with none runs the first
+      training sample with weight 0, because every rank must join the
+      window's all-reduce. (Evaluation keeps ``even_batches``;
+      ``gather_for_metrics`` drops its repeats.)
+    - **Weights.** Each micro-batch's mean loss is weighted by its samples
+      over the window's samples summed over all ranks (one small all-reduce
+      per window), times N to undo DDP's averaging.
+    - **One all-reduce per update.** Micro-steps inside a window run under
+      ``no_sync``; the window's last micro-batch all-reduces the whole
+      window's gradient, a short trailing window included.
     """
 
     def __init__(self, *args: Any, class_weights: Sequence[float] | torch.Tensor | None = None, **kwargs: Any) -> None:
@@ -63,6 +87,19 @@ class ReviewTrainer(Trainer):
         if class_weights is None and getattr(self.args, "class_weighting", "none") == "balanced":
             class_weights = balanced_class_weights(self.train_dataset["labels"], self.model.config.num_labels)
         self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
+
+    # ------------------------------------------------------------------- data
+
+    def get_train_dataloader(self) -> Any:
+        """Trainer's training dataloader, sharded without padding: the last global micro-batch may be short."""
+        even_batches = self.accelerator.even_batches
+        # even_batches would fill the last global micro-batch with repeats of the epoch's first
+        # samples, training them twice; with_empty_shares covers the ranks left without a share.
+        self.accelerator.even_batches = False
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.accelerator.even_batches = even_batches
 
     # ------------------------------------------------------------------ setup
 
@@ -82,7 +119,8 @@ class ReviewTrainer(Trainer):
         train_dataloader = self.get_train_dataloader()
 
         accumulation_steps = args.gradient_accumulation_steps
-        micro_batches_per_epoch = len(train_dataloader)
+        # Global micro-batches: a rank left without a share of the last one still takes that step.
+        micro_batches_per_epoch = self._max_over_processes(len(train_dataloader))
         if micro_batches_per_epoch == 0:
             raise ValueError("the training set gives no batches; give it at least one review")
         updates_in_epoch = updates_per_epoch(micro_batches_per_epoch, accumulation_steps)
@@ -137,6 +175,8 @@ class ReviewTrainer(Trainer):
         self._globalstep_last_logged = self.state.global_step
         self._loss_since_log = _LossTracker()
         run_loss = _LossTracker()
+        # What a rank forwards, with weight 0, for a global micro-batch in which it has no samples.
+        self._stand_in = stand_in_batch(train_dataloader) if self.accelerator.num_processes > 1 else None
         model.zero_grad(set_to_none=True)
 
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -165,7 +205,8 @@ class ReviewTrainer(Trainer):
             )
             bar.advance(micro_step, 0.0, self._get_learning_rate())
 
-            for window in windows(epoch_batches, args.gradient_accumulation_steps):
+            rank_batches = with_empty_shares(epoch_batches, micro_batches_per_epoch - micro_step)
+            for window in windows(rank_batches, args.gradient_accumulation_steps):
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 window_loss = self._accumulate_window(model, window, epoch_loss, bar)
                 micro_step += len(window)
@@ -191,14 +232,15 @@ class ReviewTrainer(Trainer):
         return self._finish_training(trial, start_time, run_loss)
 
     def _accumulate_window(
-        self, model: nn.Module, window: list[dict[str, Any]], epoch_loss: _LossTracker, bar: EpochProgressBar
+        self, model: nn.Module, window: list[dict[str, Any] | None], epoch_loss: _LossTracker, bar: EpochProgressBar
     ) -> _LossTracker:
         """Forward and backward every micro-batch of one window, weighting each by its share of the window's loss.
 
-        A micro-batch's share is its samples over the window's samples, or with
-        class weights its samples' summed weights over the window's.
+        A micro-batch's share is its samples over the window's samples (on all
+        processes), or with class weights its samples' summed weights over the
+        window's. ``None`` is this rank's empty share of a global micro-batch.
         """
-        micro_masses = [self._loss_mass(inputs) for inputs in window]
+        micro_masses = [0.0 if inputs is None else self._loss_mass(inputs) for inputs in window]
         window_mass = self._sum_over_processes(sum(micro_masses))
         # Summed on the device and read once per window: a .item() per micro-batch would
         # stall a GPU on every micro-step.
@@ -207,17 +249,17 @@ class ReviewTrainer(Trainer):
             is_update_step = index == len(window) - 1
             # Gradients are all-reduced once per update, on the window's last micro-batch.
             self.accelerator.gradient_state._set_sync_gradients(is_update_step)
-            sync_context = (
-                contextlib.nullcontext if is_update_step else functools.partial(self.accelerator.no_sync, model=model)
-            )
-            weight = micro_batch_weight(mass, window_mass, self.accelerator.num_processes)
-            with sync_context():
-                mean_loss = self._forward_backward(model, inputs, weight)
-            window_loss_sum += mean_loss.double() * mass
+            with self._sync_context(model, is_update_step)():
+                if inputs is None:
+                    self._forward_backward(model, self._stand_in, 0.0, counted=False)
+                else:
+                    weight = micro_batch_weight(mass, window_mass, self.accelerator.num_processes)
+                    mean_loss = self._forward_backward(model, inputs, weight)
+                    window_loss_sum += mean_loss.double() * mass
             if not is_update_step:
                 bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
-        samples = sum(self._count_samples(inputs) for inputs in window)
+        samples = sum(self._count_samples(inputs) for inputs in window if inputs is not None)
         window_loss = _LossTracker(float(window_loss_sum), sum(micro_masses), samples)
         epoch_loss.add(window_loss)
         bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
@@ -250,13 +292,29 @@ class ReviewTrainer(Trainer):
         )
         return (loss, outputs) if return_outputs else loss
 
-    def _forward_backward(self, model: nn.Module, inputs: dict[str, Any], weight: float) -> torch.Tensor:
-        """One micro-batch: its mean loss, backpropagated with ``weight``. Returns the unscaled mean loss (detached)."""
+    def _sync_context(self, model: nn.Module, is_update_step: bool) -> Any:
+        """Where gradients are all-reduced: on the window's last micro-batch only (``no_sync`` before it)."""
+        if is_update_step:
+            return contextlib.nullcontext
+        return functools.partial(self.accelerator.no_sync, model=model)
+
+    def _forward_backward(
+        self, model: nn.Module, inputs: dict[str, Any], weight: float, counted: bool = True
+    ) -> torch.Tensor:
+        """One micro-batch: its mean loss, backpropagated with ``weight``. Returns the unscaled mean loss (detached).
+
+        ``counted=False`` (a stand-in for an empty share) adds no FLOs and no tokens.
+        """
         model.train()
         if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
             self.optimizer.train()  # schedule-free optimizers switch modes
-        self.current_flos += float(self.floating_point_ops(inputs))
-        self._track_num_input_tokens(inputs)
+        # A float even when 0: store_flos gathers every rank's count as one tensor, so the dtypes must agree.
+        self.current_flos += float(self.floating_point_ops(inputs)) if counted else 0.0
+        if counted:
+            self._track_num_input_tokens(inputs)
+        elif self.args.include_num_input_tokens_seen != "no":
+            # Trainer's token count gathers over processes on every micro-batch; join it with none.
+            self.accelerator.gather(torch.zeros((), dtype=torch.int64, device=self.args.device))
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             mean_loss = self.compute_loss(model, inputs)
@@ -326,6 +384,13 @@ class ReviewTrainer(Trainer):
             torch.tensor(value, device=self.args.device, dtype=torch.float64), reduction="sum"
         )
         return float(total.item())
+
+    def _max_over_processes(self, value: int) -> int:
+        """The largest ``value`` of all processes (a no-op on one)."""
+        if self.accelerator.num_processes == 1:
+            return value
+        largest = self.accelerator.reduce(torch.tensor(value, device=self.args.device), reduction="max")
+        return int(largest.item())
 
     def _log_evaluate_save(
         self,

@@ -1,0 +1,126 @@
+"""One rank of tests/test_distributed.py: train the tiny model on 2 processes and save what the tests check.
+
+Launched by the test as
+``python -m torch.distributed.run --standalone --nproc_per_node 2 tests/distributed_worker.py MODEL_DIR OUT_DIR``;
+each rank writes ``OUT_DIR/rank<r>.pt``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import datasets
+import torch
+from helpers import flat_parameters, review_dataset, sgd_args
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from transformers import AutoTokenizer, BertForSequenceClassification, DataCollatorWithPadding, TrainerCallback
+
+from finetune import ReviewTrainer
+
+
+class ExactnessCase(NamedTuple):
+    """2 processes with micro-batch ``micro_batch`` against 1 process with twice that, ``n`` micro-batches a window."""
+
+    samples: int
+    micro_batch: int
+    n: int
+    epochs: int = 1
+    class_weighting: str = "none"
+
+
+EXACTNESS_CASES = {
+    # 4 rounds of 2 x 3 samples, 2 windows.
+    "divisible": ExactnessCase(24, 3, 2),
+    # The last round is 3 samples on rank 0 and 1 on rank 1.
+    "short-share": ExactnessCase(10, 3, 2),
+    # 9 micro-batches of 2 (the last of 1): rank 1 has no share of round 5, an update step of a partial window.
+    "empty-share-partial-window": ExactnessCase(17, 2, 2),
+    # The same on each of 2 epochs (rank 1 empty at the end of each).
+    "empty-share-across-epochs": ExactnessCase(13, 2, 2, epochs=2),
+    # Rank 1 never has a sample: it only joins the all-reduces.
+    "rank-without-samples": ExactnessCase(2, 2, 1),
+    # Shares of the window weighed by summed class weights, over both ranks.
+    "class-weighted": ExactnessCase(17, 2, 2, class_weighting="balanced"),
+}
+
+
+def case_dataset(tokenizer, case: ExactnessCase) -> datasets.Dataset:
+    """The training set of an exactness case (imbalanced labels for the class-weighted one)."""
+    dataset = review_dataset(tokenizer, case.samples, seed=case.samples)
+    if case.class_weighting == "none":
+        return dataset
+    labels = [0 if index % 7 == 0 else 1 if index % 5 == 0 else 2 for index in range(case.samples)]
+    return dataset.remove_columns("labels").add_column("labels", labels)
+
+
+class CountingTrainer(ReviewTrainer):
+    """ReviewTrainer that counts its window-mass reductions."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.window_reductions = 0
+
+    def _sum_over_processes(self, value):
+        self.window_reductions += 1
+        return super()._sum_over_processes(value)
+
+
+class CountAllReduces(TrainerCallback):
+    """Registers a DDP communication hook that counts gradient all-reduces (then does the default one)."""
+
+    def __init__(self, trainer: ReviewTrainer) -> None:
+        self.trainer = trainer
+        self.buckets = 0
+        self.rounds = 0  # backward passes that all-reduced: one per bucket set
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.model_wrapped.register_comm_hook(None, self._hook)
+
+    def _hook(self, process_group, bucket):
+        self.buckets += 1
+        self.rounds += bucket.is_last()
+        return default_hooks.allreduce_hook(process_group, bucket)
+
+
+def run_exactness_case(model_dir: Path, tokenizer, case: ExactnessCase, output_dir: Path) -> dict:
+    """Train one case; its final parameters and the counts the tests compare with the number of updates."""
+    model = BertForSequenceClassification.from_pretrained(model_dir)
+    trainer = CountingTrainer(
+        model=model,
+        args=sgd_args(output_dir, case.micro_batch, case.n, case.epochs, class_weighting=case.class_weighting),
+        train_dataset=case_dataset(tokenizer, case),
+        data_collator=DataCollatorWithPadding(tokenizer),
+    )
+    counter = CountAllReduces(trainer)
+    trainer.add_callback(counter)
+    result = trainer.train()
+    return {
+        "parameters": flat_parameters(model),
+        "updates": result.global_step,
+        "gradient_all_reduces": counter.rounds,
+        "buckets": counter.buckets,
+        "scheduler_steps": trainer.lr_scheduler.last_epoch,
+        "window_reductions": trainer.window_reductions,
+    }
+
+
+def main(model_dir: str, out_dir: str) -> None:
+    """Run every case on this rank and save the results as ``rank<r>.pt``."""
+    model_dir, out = Path(model_dir), Path(out_dir)
+    rank = int(os.environ["RANK"])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    results = {
+        "world_size": int(os.environ["WORLD_SIZE"]),
+        "cases": {
+            name: run_exactness_case(model_dir, tokenizer, case, out / "runs" / name)
+            for name, case in EXACTNESS_CASES.items()
+        },
+    }
+    torch.save(results, out / f"rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,118 @@
+"""Contract 8: N processes with micro-batch b train exactly as one process with N x b (2 processes, gloo, CPU).
+
+One torchrun launch of ``distributed_worker.py`` trains every case on 2
+processes and saves what each rank ended with; the tests compare that with
+test_exactness.py's plain-PyTorch reference (one full-batch SGD step per
+window of 2 x b x n samples) and with ReviewTrainer on one process with 2 x b.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from distributed_worker import (
+    EXACTNESS_CASES,
+    case_dataset,
+)
+from helpers import flat_parameters
+from test_exactness import (
+    assert_matches_reference,
+    by_hand_balanced_weights,
+    reference_full_batch_steps,
+    trained_parameters,
+)
+from transformers import BertForSequenceClassification, DataCollatorWithPadding
+
+from finetune import ReviewTrainer
+
+PROCESSES = 2
+TESTS = Path(__file__).parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={PROCESSES}"]
+
+
+def launch(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+    """Run a launcher's ``command``; fail with the tail of its output."""
+    done = subprocess.run(
+        command,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"exit status {done.returncode}:\n{(done.stdout + done.stderr)[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory, tiny_model_dir) -> list[dict]:
+    """What each of the 2 ranks of distributed_worker.py saved."""
+    out = tmp_path_factory.mktemp("distributed")
+    # --standalone: torchrun finds a free port itself, so parallel test runs do not collide.
+    launch([*TORCHRUN, str(TESTS / "distributed_worker.py"), str(tiny_model_dir), str(out)], cwd=TESTS)
+    return [torch.load(out / f"rank{rank}.pt") for rank in range(PROCESSES)]
+
+
+@pytest.fixture(scope="module")
+def initial_model(tiny_model_dir):
+    return BertForSequenceClassification.from_pretrained(tiny_model_dir)
+
+
+def relative_difference(trained: torch.Tensor, other: torch.Tensor) -> float:
+    return float((trained - other).norm() / other.norm())
+
+
+@pytest.mark.parametrize("name", EXACTNESS_CASES)
+def test_two_processes_equal_one_full_batch_step_per_window(ranks, initial_model, tokenizer, tmp_path, name):
+    case = EXACTNESS_CASES[name]
+    dataset = case_dataset(tokenizer, case)
+    collator = DataCollatorWithPadding(tokenizer)
+    weights = None if case.class_weighting == "none" else by_hand_balanced_weights(dataset["labels"], 3)
+    window_samples = PROCESSES * case.micro_batch * case.n
+    reference = reference_full_batch_steps(
+        initial_model, dataset, collator, window_samples, epochs=case.epochs, class_weights=weights
+    )
+    one_process = trained_parameters(
+        ReviewTrainer,
+        initial_model,
+        dataset,
+        collator,
+        tmp_path,
+        PROCESSES * case.micro_batch,
+        case.n,
+        epochs=case.epochs,
+        class_weighting=case.class_weighting,
+    )
+    trained = ranks[0]["cases"][name]["parameters"]
+    print(f"{name}: 2 processes x {case.micro_batch} vs 1 process x {PROCESSES * case.micro_batch}: ", end="")
+    print(f"relative difference {relative_difference(trained, one_process):.3g}; vs the reference: ", end="")
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+    assert_matches_reference(one_process, reference, flat_parameters(initial_model))
+
+
+def test_ranks_end_with_identical_parameters(ranks):
+    for name in EXACTNESS_CASES:
+        assert torch.equal(ranks[0]["cases"][name]["parameters"], ranks[1]["cases"][name]["parameters"]), name
+
+
+@pytest.mark.parametrize("name", EXACTNESS_CASES)
+def test_one_gradient_all_reduce_and_one_scheduler_step_per_update(ranks, name):
+    case = EXACTNESS_CASES[name]
+    global_micro_batches = math.ceil(case.samples / (PROCESSES * case.micro_batch))
+    expected_updates = case.epochs * math.ceil(global_micro_batches / case.n)
+    for rank, results in enumerate(ranks):
+        counts = results["cases"][name]
+        print(
+            f"{name} rank {rank}: {counts['updates']} updates, {counts['gradient_all_reduces']} gradient all-reduces "
+            f"({counts['buckets']} buckets), {counts['scheduler_steps']} scheduler steps, "
+            f"{counts['window_reductions']} window sample-count reductions"
+        )
+        assert counts["updates"] == expected_updates
+        assert counts["gradient_all_reduces"] == expected_updates  # none on the micro-steps inside a window
+        assert counts["scheduler_steps"] == expected_updates
+        assert counts["window_reductions"] == expected_updates
