@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+import torch
+from transformers.trainer_pt_utils import LengthGroupedSampler
+
 T = TypeVar("T")
 
 
@@ -39,3 +42,27 @@ def with_empty_shares(micro_batches: Iterable[T], rounds: int) -> Iterator[T | N
 def stand_in_batch(dataloader: Any) -> dict[str, Any]:
     """The training set's first sample, collated: what a rank with an empty share forwards (with weight 0)."""
     return dataloader.collate_fn([dataloader.dataset[0]])
+
+
+class SeedableLengthGroupedSampler(LengthGroupedSampler):
+    """``LengthGroupedSampler`` whose order depends only on the seed and the epoch, so every rank draws the same one.
+
+    Stock ``LengthGroupedSampler`` shuffles with the default torch generator,
+    which drifts apart between ranks (their dropout draws differ), so ranks
+    would shard different orders and some samples would train twice in an
+    epoch and others not at all. Like Accelerate's ``SeedableRandomSampler``,
+    this one reseeds with ``seed + epoch`` at each epoch.
+    """
+
+    def __init__(self, batch_size: int, lengths: list[int], seed: int) -> None:
+        super().__init__(batch_size, lengths=lengths)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order on the next iteration (Accelerate's dataloader calls this each epoch)."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        self.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return super().__iter__()

@@ -29,6 +29,7 @@ import torch
 from accelerate import skip_first_batches
 from torch import nn
 from transformers import ProgressCallback, Trainer
+from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import SaveStrategy, TrainOutput, speed_metrics
 
 from .accumulation import (
@@ -40,7 +41,7 @@ from .accumulation import (
     windows,
 )
 from .class_weights import balanced_class_weights
-from .distributed import stand_in_batch, with_empty_shares
+from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 
@@ -75,6 +76,9 @@ class ReviewTrainer(Trainer):
     - **One all-reduce per update.** Micro-steps inside a window run under
       ``no_sync``; the window's last micro-batch all-reduces the whole
       window's gradient, a short trailing window included.
+    - **Same order on every rank.** ``group_by_length`` draws its order from
+      ``seed + epoch`` (random sampling already does, through Accelerate), so
+      ranks shard the same order.
     """
 
     def __init__(self, *args: Any, class_weights: Sequence[float] | torch.Tensor | None = None, **kwargs: Any) -> None:
@@ -100,6 +104,15 @@ class ReviewTrainer(Trainer):
             return super().get_train_dataloader()
         finally:
             self.accelerator.even_batches = even_batches
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
+        """Trainer's sampler; on several processes ``group_by_length`` is seeded per epoch and groups whole windows."""
+        sampler = super()._get_train_sampler(train_dataset)
+        if self.args.world_size > 1 and type(sampler) is LengthGroupedSampler:
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            # Sorted groups span a global window (N x b x n samples), as one process's span its window.
+            return SeedableLengthGroupedSampler(sampler.batch_size * self.args.world_size, sampler.lengths, seed)
+        return sampler
 
     # ------------------------------------------------------------------ setup
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import datasets
 import torch
-from helpers import flat_parameters, review_dataset, sgd_args
+from helpers import flat_parameters, quiet_args, review_dataset, sgd_args
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from transformers import AutoTokenizer, BertForSequenceClassification, DataCollatorWithPadding, TrainerCallback
 
@@ -45,6 +45,9 @@ EXACTNESS_CASES = {
     # Shares of the window weighed by summed class weights, over both ranks.
     "class-weighted": ExactnessCase(17, 2, 2, class_weighting="balanced"),
 }
+# Coverage runs: dropout on (so ranks' random streams differ), 3 epochs of shuffled order.
+COVERAGE_SAMPLES = 21
+COVERAGE_STRATEGIES = ("group_by_length", "random")
 
 
 def case_dataset(tokenizer, case: ExactnessCase) -> datasets.Dataset:
@@ -56,16 +59,31 @@ def case_dataset(tokenizer, case: ExactnessCase) -> datasets.Dataset:
     return dataset.remove_columns("labels").add_column("labels", labels)
 
 
+def sample_rows(inputs: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
+    """Each sample of a collated batch as its unpadded token ids."""
+    return [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
+
+
 class CountingTrainer(ReviewTrainer):
-    """ReviewTrainer that counts its window-mass reductions."""
+    """ReviewTrainer that counts its window-mass reductions and records the samples it trains, per epoch."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.window_reductions = 0
+        self.trained_rows: list[list[tuple[int, ...]]] = []
+
+    def _epoch_batches(self, train_dataloader, epoch):
+        self.trained_rows.append([])
+        return super()._epoch_batches(train_dataloader, epoch)
 
     def _sum_over_processes(self, value):
         self.window_reductions += 1
         return super()._sum_over_processes(value)
+
+    def _forward_backward(self, model, inputs, weight, counted=True):
+        if counted:
+            self.trained_rows[-1].extend(sample_rows(inputs))
+        return super()._forward_backward(model, inputs, weight, counted)
 
 
 class CountAllReduces(TrainerCallback):
@@ -107,6 +125,28 @@ def run_exactness_case(model_dir: Path, tokenizer, case: ExactnessCase, output_d
     }
 
 
+def run_coverage(model_dir: Path, tokenizer, strategy: str, output_dir: Path) -> list[list[tuple[int, ...]]]:
+    """The samples this rank trained in each of 3 epochs of a shuffled, dropout-on run."""
+    model = BertForSequenceClassification.from_pretrained(
+        model_dir, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1
+    )
+    trainer = CountingTrainer(
+        model=model,
+        args=quiet_args(
+            output_dir,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            num_train_epochs=3,
+            learning_rate=1e-3,
+            train_sampling_strategy=strategy,
+        ),
+        train_dataset=review_dataset(tokenizer, COVERAGE_SAMPLES, seed=1),
+        data_collator=DataCollatorWithPadding(tokenizer),
+    )
+    trainer.train()
+    return trainer.trained_rows
+
+
 def main(model_dir: str, out_dir: str) -> None:
     """Run every case on this rank and save the results as ``rank<r>.pt``."""
     model_dir, out = Path(model_dir), Path(out_dir)
@@ -117,6 +157,10 @@ def main(model_dir: str, out_dir: str) -> None:
         "cases": {
             name: run_exactness_case(model_dir, tokenizer, case, out / "runs" / name)
             for name, case in EXACTNESS_CASES.items()
+        },
+        "coverage": {
+            strategy: run_coverage(model_dir, tokenizer, strategy, out / "runs" / strategy)
+            for strategy in COVERAGE_STRATEGIES
         },
     }
     torch.save(results, out / f"rank{rank}.pt")

@@ -12,15 +12,19 @@ import math
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 from distributed_worker import (
+    COVERAGE_SAMPLES,
+    COVERAGE_STRATEGIES,
     EXACTNESS_CASES,
     case_dataset,
+    sample_rows,
 )
-from helpers import flat_parameters
+from helpers import flat_parameters, review_dataset
 from test_exactness import (
     assert_matches_reference,
     by_hand_balanced_weights,
@@ -116,3 +120,15 @@ def test_one_gradient_all_reduce_and_one_scheduler_step_per_update(ranks, name):
         assert counts["gradient_all_reduces"] == expected_updates  # none on the micro-steps inside a window
         assert counts["scheduler_steps"] == expected_updates
         assert counts["window_reductions"] == expected_updates
+
+
+@pytest.mark.parametrize("strategy", COVERAGE_STRATEGIES)
+def test_every_sample_trains_once_per_epoch_on_one_rank(ranks, tokenizer, strategy):
+    """Shuffled orders with dropout on: ranks still shard one order, so no sample trains twice or never."""
+    dataset = review_dataset(tokenizer, COVERAGE_SAMPLES, seed=1)
+    every_sample = Counter(sample_rows(DataCollatorWithPadding(tokenizer)(list(dataset))))
+    epochs = [rank["coverage"][strategy] for rank in ranks]
+    assert len(epochs[0]) == len(epochs[1]) == 3
+    for rank_0, rank_1 in zip(*epochs):
+        assert Counter(rank_0 + rank_1) == every_sample
+    assert epochs[0][0] != epochs[0][1]  # the order does change between epochs
