@@ -288,9 +288,13 @@ class ReviewTrainer(Trainer):
         """Trainer's loss; with class weights, the class-weighted cross-entropy (a weighted mean over the batch).
 
         Used for training and evaluation alike, so the two losses are comparable.
+        Always the batch's mean: ``num_items_in_batch`` is ignored (the window's
+        weighting is ``micro_batch_weight``'s job).
         """
         if self.class_weights is None or "labels" not in inputs:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            # Not passed on: Trainer's evaluation sends it, and Trainer then multiplies the loss by the
+            # number of processes, which BERT classifiers (whose loss ignores it) do not undo.
+            return super().compute_loss(model, inputs, return_outputs)
         inputs = dict(inputs)
         labels = inputs.pop("labels")
         outputs = model(**inputs)

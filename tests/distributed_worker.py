@@ -48,6 +48,7 @@ EXACTNESS_CASES = {
 # Coverage runs: dropout on (so ranks' random streams differ), 3 epochs of shuffled order.
 COVERAGE_SAMPLES = 21
 COVERAGE_STRATEGIES = ("group_by_length", "random")
+EVAL_SAMPLES = 7
 
 
 def case_dataset(tokenizer, case: ExactnessCase) -> datasets.Dataset:
@@ -147,6 +148,26 @@ def run_coverage(model_dir: Path, tokenizer, strategy: str, output_dir: Path) ->
     return trainer.trained_rows
 
 
+def run_evaluation(model_dir: Path, tokenizer, output_dir: Path) -> dict:
+    """``evaluate()`` of the tiny model on ``EVAL_SAMPLES`` reviews, with what compute_metrics was given."""
+    seen = {}
+
+    def compute_metrics(prediction):
+        seen["labels"] = prediction.label_ids.tolist()
+        seen["predictions"] = prediction.predictions.argmax(-1).tolist()
+        return {"samples": len(prediction.label_ids)}
+
+    trainer = ReviewTrainer(
+        model=BertForSequenceClassification.from_pretrained(model_dir),
+        args=quiet_args(output_dir, per_device_eval_batch_size=2, train_sampling_strategy="group_by_length"),
+        eval_dataset=review_dataset(tokenizer, EVAL_SAMPLES, seed=2),
+        data_collator=DataCollatorWithPadding(tokenizer),
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+    )
+    return {"metrics": trainer.evaluate(), **seen}
+
+
 def main(model_dir: str, out_dir: str) -> None:
     """Run every case on this rank and save the results as ``rank<r>.pt``."""
     model_dir, out = Path(model_dir), Path(out_dir)
@@ -162,6 +183,7 @@ def main(model_dir: str, out_dir: str) -> None:
             strategy: run_coverage(model_dir, tokenizer, strategy, out / "runs" / strategy)
             for strategy in COVERAGE_STRATEGIES
         },
+        "evaluation": run_evaluation(model_dir, tokenizer, out / "runs" / "evaluation"),
     }
     torch.save(results, out / f"rank{rank}.pt")
 

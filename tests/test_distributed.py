@@ -20,8 +20,10 @@ import torch
 from distributed_worker import (
     COVERAGE_SAMPLES,
     COVERAGE_STRATEGIES,
+    EVAL_SAMPLES,
     EXACTNESS_CASES,
     case_dataset,
+    run_evaluation,
     sample_rows,
 )
 from helpers import flat_parameters, review_dataset
@@ -132,3 +134,17 @@ def test_every_sample_trains_once_per_epoch_on_one_rank(ranks, tokenizer, strate
     for rank_0, rank_1 in zip(*epochs):
         assert Counter(rank_0 + rank_1) == every_sample
     assert epochs[0][0] != epochs[0][1]  # the order does change between epochs
+
+
+def test_evaluation_counts_each_validation_sample_once(ranks, tiny_model_dir, tokenizer, tmp_path):
+    """even_batches pads the last evaluation batch with repeats; gather_for_metrics drops them."""
+    two = ranks[0]["evaluation"]
+    one = run_evaluation(tiny_model_dir, tokenizer, tmp_path)
+    print(f"eval_loss: 1 process {one['metrics']['eval_loss']:.6f}, 2 processes {two['metrics']['eval_loss']:.6f}")
+    assert two["metrics"]["eval_samples"] == EVAL_SAMPLES  # what compute_metrics was given
+    assert two["labels"] == one["labels"]
+    assert two["predictions"] == one["predictions"]
+    assert sorted(two["labels"]) == sorted(review_dataset(tokenizer, EVAL_SAMPLES, seed=2)["labels"])
+    assert ranks[1]["evaluation"]["labels"] == two["labels"]  # every rank gathers the same
+    # Close, not equal: Trainer's eval loss is per batch, and rank 1's padded last batch holds a repeat.
+    assert two["metrics"]["eval_loss"] == pytest.approx(one["metrics"]["eval_loss"], rel=1e-3)
