@@ -137,7 +137,7 @@ class ReviewTrainer(Trainer):
         if micro_batches_per_epoch == 0:
             raise ValueError("the training set gives no batches; give it at least one review")
         updates_in_epoch = updates_per_epoch(micro_batches_per_epoch, accumulation_steps)
-        if accumulation_steps > micro_batches_per_epoch:
+        if accumulation_steps > micro_batches_per_epoch and args.should_log:
             warnings.warn(
                 f"gradient_accumulation_steps={accumulation_steps} is more than the {micro_batches_per_epoch} "
                 "micro-batches in an epoch: each epoch makes a single update from all of them",
@@ -214,7 +214,7 @@ class ReviewTrainer(Trainer):
                 epoch,
                 num_epochs,
                 micro_batches_per_epoch,
-                disable=args.disable_tqdm or not self.is_local_process_zero(),
+                disable=args.disable_tqdm or not self.is_world_process_zero(),
             )
             bar.advance(micro_step, 0.0, self._get_learning_rate())
 

