@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from accelerate import skip_first_batches
+from accelerate.utils import DistributedType
 from torch import nn
 from transformers import ProgressCallback, Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
@@ -310,8 +311,14 @@ class ReviewTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def _sync_context(self, model: nn.Module, is_update_step: bool) -> Any:
-        """Where gradients are all-reduced: on the window's last micro-batch only (``no_sync`` before it)."""
-        if is_update_step:
+        """Where gradients are all-reduced: on the window's last micro-batch only (``no_sync`` before it).
+
+        As in stock Trainer, ``sync_each_batch`` (an Accelerate option that
+        trades communication for memory, e.g. with FSDP) reduces on every
+        micro-batch. Under DeepSpeed Accelerate's ``no_sync`` does nothing:
+        DeepSpeed reduces where ``sync_gradients`` marks the window's end.
+        """
+        if is_update_step or self.accelerator.gradient_state.plugin_kwargs.get("sync_each_batch", False):
             return contextlib.nullcontext
         return functools.partial(self.accelerator.no_sync, model=model)
 
@@ -337,8 +344,10 @@ class ReviewTrainer(Trainer):
             mean_loss = self.compute_loss(model, inputs)
         if self.args.n_gpu > 1:
             mean_loss = mean_loss.mean()  # nn.DataParallel returns one loss per device
-        # Accelerate applies the fp16 GradScaler here; Trainer set its own accumulation to 1.
-        self.accelerator.backward(mean_loss * weight)
+        # Accelerate applies the fp16 GradScaler here; Trainer set its own accumulation to 1,
+        # and DeepSpeed must not divide by its accumulation steps either (weight already does).
+        kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
+        self.accelerator.backward(mean_loss * weight, **kwargs)
         return mean_loss.detach()
 
     def _update(self, model: nn.Module, window_loss: _LossTracker) -> tuple[float | None, float]:

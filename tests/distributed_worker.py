@@ -29,6 +29,7 @@ class ExactnessCase(NamedTuple):
     n: int
     epochs: int = 1
     class_weighting: str = "none"
+    sync_each_batch: bool = False  # Accelerate's option to all-reduce on every micro-batch
 
 
 EXACTNESS_CASES = {
@@ -44,6 +45,8 @@ EXACTNESS_CASES = {
     "rank-without-samples": ExactnessCase(2, 2, 1),
     # Shares of the window weighed by summed class weights, over both ranks.
     "class-weighted": ExactnessCase(17, 2, 2, class_weighting="balanced"),
+    # A user who asks for an all-reduce on every micro-batch gets one, and the same updates.
+    "sync-each-batch": ExactnessCase(17, 2, 2, sync_each_batch=True),
 }
 # Coverage runs: dropout on (so ranks' random streams differ), 3 epochs of shuffled order.
 COVERAGE_SAMPLES = 21
@@ -107,9 +110,17 @@ class CountAllReduces(TrainerCallback):
 def run_exactness_case(model_dir: Path, tokenizer, case: ExactnessCase, output_dir: Path) -> dict:
     """Train one case; its final parameters and the counts the tests compare with the number of updates."""
     model = BertForSequenceClassification.from_pretrained(model_dir)
+    accelerator_config = {"gradient_accumulation_kwargs": {"sync_each_batch": case.sync_each_batch}}
     trainer = CountingTrainer(
         model=model,
-        args=sgd_args(output_dir, case.micro_batch, case.n, case.epochs, class_weighting=case.class_weighting),
+        args=sgd_args(
+            output_dir,
+            case.micro_batch,
+            case.n,
+            case.epochs,
+            class_weighting=case.class_weighting,
+            accelerator_config=accelerator_config,
+        ),
         train_dataset=case_dataset(tokenizer, case),
         data_collator=DataCollatorWithPadding(tokenizer),
     )
