@@ -103,6 +103,7 @@ def test_two_processes_equal_one_full_batch_step_per_window(ranks, initial_model
     print(f"{name}: 2 processes x {case.micro_batch} vs 1 process x {PROCESSES * case.micro_batch}: ", end="")
     print(f"relative difference {relative_difference(trained, one_process):.3g}; vs the reference: ", end="")
     assert_matches_reference(trained, reference, flat_parameters(initial_model))
+    print(f"{name}: 1 process x {PROCESSES * case.micro_batch} vs the reference: ", end="")
     assert_matches_reference(one_process, reference, flat_parameters(initial_model))
 
 
