@@ -38,6 +38,10 @@ class ModelArguments:
         default=False,
         metadata={"help": "Allow model code from the Hub to run. Off unless a recipe turns it on."},
     )
+    allow_pickle_weights: bool = field(
+        default=False,
+        metadata={"help": "Load a base model that has only pickled weights (pytorch_model.bin), which can run code."},
+    )
 
 
 @dataclass
@@ -150,6 +154,19 @@ class FinetuneTrainingArguments(TrainingArguments):
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Train into an output_dir that already holds a run (its checkpoint-* folders are removed)."},
+    )
+    max_nonfinite_updates: int = field(
+        default=5,
+        metadata={
+            "help": (
+                "Stop with an error after this many updates in a row with a non-finite loss or gradient "
+                "(each is skipped); 0 never stops."
+            )
+        },
+    )
+    allow_pickle_checkpoints: bool = field(
+        default=False,
+        metadata={"help": "Resume from a checkpoint whose weights are only pickle files (which can run code)."},
     )
     class_weighting: Literal["none", "balanced"] = field(
         default="none",

@@ -89,7 +89,7 @@ def _score(
     from .metrics import classification_report
     from .runs import checkpoint_step
 
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     probabilities = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, max_length=max_length)
     report = classification_report(probabilities.argmax(-1), labels, label_names)

@@ -55,6 +55,8 @@ def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTr
             id2label=id2label,
             label2id={name: index for index, name in id2label.items()},
             trust_remote_code=model_args.trust_remote_code,
+            # Pickled weights can run code when loaded; a model without safetensors needs the opt-in.
+            use_safetensors=None if model_args.allow_pickle_weights else True,
         )
 
 

@@ -43,7 +43,7 @@ def predict(
     column = text_column or _guess_text_column(rows, data_fields.get("text_column"), input_path)
     texts = _model_inputs(rows, column, data_fields.get("title_column"), data_fields.get("clean_text", True))
 
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     max_length = int(data_fields.get("max_length", 256))
     probabilities = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, max_length=max_length)

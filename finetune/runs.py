@@ -16,6 +16,7 @@ from typing import Any
 
 from transformers.trainer_utils import sort_checkpoints
 
+from .checkpointing import require_safe_weights
 from .errors import FinetuneError
 
 RUN_CONFIG = "finetune_run.json"
@@ -42,8 +43,11 @@ def holds_run(folder: Path) -> bool:
     return folder.is_dir() and (any((folder / name).exists() for name in _RUN_MARKERS) or bool(checkpoints(folder)))
 
 
-def prepare_output_dir(output_dir: str, overwrite: bool, resuming: bool) -> None:
-    """Refuse to train over an earlier run unless asked to; clear its checkpoints when asked."""
+def prepare_output_dir(output_dir: str, overwrite: bool, resuming: bool, clear: bool = True) -> None:
+    """Refuse to train over an earlier run unless asked to; clear its checkpoints when asked (and ``clear``).
+
+    On several processes every one checks, and only the main one clears (``clear``).
+    """
     folder = Path(output_dir)
     if not holds_run(folder) or resuming:
         return
@@ -53,8 +57,9 @@ def prepare_output_dir(output_dir: str, overwrite: bool, resuming: bool) -> None
             "--resume_from_checkpoint auto to continue it, or choose another --output_dir"
         )
     # Stale checkpoints would be mistaken for this run's by rotation and by `finetune evaluate`.
-    for checkpoint in checkpoints(folder):
-        shutil.rmtree(checkpoint)
+    if clear:
+        for checkpoint in checkpoints(folder):
+            shutil.rmtree(checkpoint)
 
 
 def save_run_config(
@@ -105,3 +110,4 @@ def require_model_folder(path: Path) -> None:
     weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
     if not weights:
         raise FinetuneError(f"{path} has a config.json but no weights (*.safetensors); the save may have been cut off")
+    require_safe_weights(path)
