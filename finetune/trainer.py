@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -41,12 +42,14 @@ from .accumulation import (
     validate_accumulation_steps,
     windows,
 )
+from .checkpointing import CrashSafeCheckpoints
 from .class_weights import balanced_class_weights
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
+from .errors import FinetuneError
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 
-class ReviewTrainer(Trainer):
+class ReviewTrainer(CrashSafeCheckpoints, Trainer):
     """A drop-in ``Trainer`` whose ``train()`` runs an exact accumulation loop.
 
     ``gradient_accumulation_steps`` (``n_accumulate``) micro-batches make one
@@ -89,6 +92,7 @@ class ReviewTrainer(Trainer):
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(EvaluationProgressCallback)
         self.skipped_updates = 0
+        self.nonfinite_in_a_row = 0
         if class_weights is None and getattr(self.args, "class_weighting", "none") == "balanced":
             class_weights = balanced_class_weights(self.train_dataset["labels"], self.model.config.num_labels)
         self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
@@ -107,9 +111,14 @@ class ReviewTrainer(Trainer):
             self.accelerator.even_batches = even_batches
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
-        """Trainer's sampler; on several processes ``group_by_length`` is seeded per epoch and groups whole windows."""
+        """Trainer's sampler, except that ``group_by_length`` is seeded per epoch and groups whole global windows.
+
+        Stock ``LengthGroupedSampler`` shuffles with the global random state, which
+        dropout also draws from: a resumed run (and every other rank) would draw
+        another order. Seeded with ``seed + epoch``, the order is the same in all.
+        """
         sampler = super()._get_train_sampler(train_dataset)
-        if self.args.world_size > 1 and type(sampler) is LengthGroupedSampler:
+        if type(sampler) is LengthGroupedSampler:
             seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
             # Sorted groups span a global window (N x b x n samples), as one process's span its window.
             return SeedableLengthGroupedSampler(sampler.batch_size * self.args.world_size, sampler.lengths, seed)
@@ -203,8 +212,10 @@ class ReviewTrainer(Trainer):
             if epoch == start_epoch and micro_batches_done > 0:
                 # Resuming inside an epoch: checkpoints sit on update boundaries, so skipping
                 # whole windows lands exactly where the interrupted run stopped.
-                epoch_batches = skip_first_batches(epoch_batches, micro_batches_done)
+                epoch_batches = _started(skip_first_batches(epoch_batches, micro_batches_done))
                 micro_step = micro_batches_done
+                # Only now: starting the iterator above drew from the global random state, as the
+                # interrupted run did at the start of the epoch, before the state it saved.
                 self._load_rng_state(resume_from_checkpoint)
             elif epoch == start_epoch and resume_from_checkpoint is not None:
                 self._load_rng_state(resume_from_checkpoint)
@@ -354,7 +365,8 @@ class ReviewTrainer(Trainer):
         """Clip, step the optimizer and the scheduler once, on the whole window's gradient.
 
         Returns the pre-clip gradient norm and the learning rate this update used.
-        A non-finite loss or gradient skips the step (and the scheduler) and is counted.
+        A non-finite loss or gradient skips the step (and the scheduler) and is counted;
+        ``max_nonfinite_updates`` of them in a row stop the run.
         """
         grad_norm = self._clip_grad_norm(model) if self.args.max_grad_norm > 0 else self._get_grad_norm(model)
         grad_norm = float(grad_norm) if grad_norm is not None else None
@@ -371,10 +383,27 @@ class ReviewTrainer(Trainer):
             skipped = True
         if skipped:
             self.skipped_updates += 1
-        elif not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            self.lr_scheduler.step()
+            self.nonfinite_in_a_row += 1
+        else:
+            self.nonfinite_in_a_row = 0
+            if not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                self.lr_scheduler.step()
         model.zero_grad(set_to_none=True)
+        limit = getattr(self.args, "max_nonfinite_updates", 5)
+        if limit and self.nonfinite_in_a_row >= limit:
+            raise self._diverged_error(limit)
         return grad_norm, learning_rate
+
+    def _diverged_error(self, limit: int) -> FinetuneError:
+        from .checkpointing import latest_complete_checkpoint
+
+        last_good = latest_complete_checkpoint(self.args.output_dir)
+        kept = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was saved yet"
+        return FinetuneError(
+            f"{limit} updates in a row had a non-finite loss or gradient (the last is update "
+            f"{self.state.global_step + 1}); {kept}; lower learning_rate, check the data for broken rows, "
+            "or raise max_nonfinite_updates"
+        )
 
     # -------------------------------------------------------------- bookkeeping
 
@@ -471,6 +500,16 @@ class ReviewTrainer(Trainer):
         self._finish_current_push()
         self.is_in_train = False
         return TrainOutput(self.state.global_step, train_loss, metrics)
+
+
+def _started(batches: Any) -> Iterator[Any]:
+    """``batches`` as an iterator that has already been started (and fetched its first item)."""
+    iterator = iter(batches)
+    first = next(iterator, _NOTHING)
+    return iterator if first is _NOTHING else itertools.chain([first], iterator)
+
+
+_NOTHING = object()
 
 
 class _LossTracker:
