@@ -11,6 +11,7 @@ import signal
 import threading
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
 # The shell's convention: a process ended by signal N exits with 128 + N.
@@ -31,10 +32,22 @@ class StopOnSignal(TrainerCallback):
                 self._previous[signum] = signal.signal(signum, self._handle)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.received is not None:
+        if self._any_process_received(args):
             control.should_save = True
             control.should_training_stop = True
         return control
+
+    def _any_process_received(self, args: Any) -> bool:
+        stop = self.received is not None
+        if args.world_size > 1 and torch.distributed.is_initialized():
+            # All processes must stop at the same update, or the others would wait forever
+            # in the next all-reduce; one small all-reduce per update agrees on it.
+            flag = torch.tensor(float(stop), device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            stop = bool(flag.item())
+            if stop and self.received is None:
+                self.received = signal.SIGTERM  # a launcher signals every process; this one's came late
+        return stop
 
     def on_train_end(self, args, state, control, **kwargs):
         self.restore()

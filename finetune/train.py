@@ -11,15 +11,16 @@ from typing import Any
 from .errors import FinetuneError, TrainingInterrupted
 
 
-def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, Any]:
+def train(recipe: str | None, overrides: list[str] | None = None, callbacks: list[Any] | None = None) -> dict[str, Any]:
     """Run one recipe end to end and return its metrics (also written to ``output_dir``).
 
     ``overrides`` are flags such as ``["--learning_rate", "3e-5"]``; they win
-    over the recipe's values.
+    over the recipe's values. ``callbacks`` are extra ``TrainerCallback``s.
     """
+    import transformers
     from transformers import DataCollatorWithPadding, set_seed
-    from transformers.trainer_utils import get_last_checkpoint
 
+    from .checkpointing import latest_complete_checkpoint
     from .data import load_review_data, tokenize_splits
     from .interrupt import StopOnSignal
     from .metrics import build_compute_metrics, classification_report
@@ -36,16 +37,25 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
     _check_integrations(args.report_to)
     resume = args.resume_from_checkpoint
     if resume == "auto":
-        resume = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
+        # The newest checkpoint that was written completely; one cut short by a kill is skipped.
+        resume = latest_complete_checkpoint(args.output_dir)
         if resume is None:
-            raise FinetuneError(f"no checkpoint to resume in {args.output_dir}; drop --resume_from_checkpoint")
-    prepare_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None)
+            raise FinetuneError(f"no complete checkpoint to resume in {args.output_dir}; drop --resume_from_checkpoint")
+        resume = str(resume)
+    main_process = args.process_index == 0
+    prepare_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None, clear=main_process)
+    # Every process has checked the folder before the main one changes it.
+    args.distributed_state.wait_for_everyone()
+    if not main_process:
+        transformers.utils.logging.disable_progress_bar()  # one "Loading weights" bar, not one per process
 
-    # Data: read, clean, map labels (dropping and counting bad rows), tokenize.
-    data = load_review_data(run.data, seed=args.seed)
-    label_names = data.label_names
-    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
-    encoded, data.report.truncated_share = tokenize_splits(data.splits, tokenizer, run.data.max_length)
+    # Data: read, clean, map labels (dropping and counting bad rows), tokenize. The main
+    # process goes first, so the fetch and datasets caches are filled once.
+    with args.main_process_first(desc="reading and tokenizing the data"):
+        data = load_review_data(run.data, seed=args.seed)
+        label_names = data.label_names
+        tokenizer = load_tokenizer(run.model, run.data.truncation_side)
+        encoded, data.report.truncated_share = tokenize_splits(data.splits, tokenizer, run.data.max_length)
     data.report.max_length = run.data.max_length
     if args.should_log:
         print("\n".join(data.report.summary_lines()), file=sys.stderr)
@@ -67,18 +77,19 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(label_names),
-        callbacks=[update_recorder, stopper],
+        callbacks=[update_recorder, stopper, *(callbacks or [])],
     )
     if trainer.class_weights is not None and args.should_log:
         weights = ", ".join(f"{name} {weight:.3f}" for name, weight in zip(label_names, trainer.class_weights.tolist()))
         print(f"class weights: {weights}", file=sys.stderr)
-    save_run_config(
-        args.output_dir,
-        run,
-        ["finetune", "train", *([recipe] if recipe else []), *(overrides or [])],
-        data_report=data.report.to_dict(),
-        class_weights=None if trainer.class_weights is None else trainer.class_weights.tolist(),
-    )
+    if trainer.is_world_process_zero():
+        save_run_config(
+            args.output_dir,
+            run,
+            ["finetune", "train", *([recipe] if recipe else []), *(overrides or [])],
+            data_report=data.report.to_dict(),
+            class_weights=None if trainer.class_weights is None else trainer.class_weights.tolist(),
+        )
     started = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.perf_counter() - started
@@ -98,7 +109,9 @@ def train(recipe: str | None, overrides: list[str] | None = None) -> dict[str, A
         report = classification_report(prediction.predictions.argmax(-1), prediction.label_ids, label_names)
         metrics["test"] = report
         trainer.save_metrics("test", {"test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"]})
-        Path(args.output_dir, "test_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        if trainer.is_world_process_zero():
+            report_path = Path(args.output_dir, "test_report.json")
+            report_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
     # Report: pictures and their numbers in report/, then the model card. The card is written
     # last so that it, not a README.md from transformers' saving, is the one the folder keeps.
