@@ -44,10 +44,11 @@ def bench(
 ) -> dict[str, Any]:
     """Run the bench on ``recipe`` and return (and print, and save to ``output``) its report."""
     import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from .data import load_review_data, tokenize_splits
     from .flops import measure_gemm_peak, non_embedding_parameters
-    from .modeling import load_classifier, load_tokenizer
+    from .modeling import load_tokenizer, resolve_model_path
     from .recipes import load_recipe
     from .sources import progress_bars
 
@@ -64,8 +65,11 @@ def bench(
     data = load_review_data(run.data, seed=args.seed)
     tokenizer = load_tokenizer(run.model, run.data.truncation_side)
     encoded, _ = tokenize_splits(data.splits, tokenizer, run.data.max_length)
-    model = load_classifier(run.model, data.label_names)
-    config = model.config
+    # The model's shape for the FLOP count; built from its config, since no weights are needed here.
+    config = AutoConfig.from_pretrained(
+        resolve_model_path(run.model.model_name_or_path), num_labels=len(data.label_names)
+    )
+    model = AutoModelForSequenceClassification.from_config(config)
     model_shape = {
         "non_embedding_parameters": non_embedding_parameters(model),
         "num_layers": config.num_hidden_layers,
