@@ -9,8 +9,8 @@ share of a matrix-multiply peak measured here at start (MFU). Ratios against
 ReviewTrainer come first. Timings are for reading, never for asserting.
 
 ``--memory`` runs ReviewTrainer alone at micro-batch b with n in {1, 4, 16}
-and at 4b with n = 1, on identical micro-batches, to show that accumulation
-costs no activation memory.
+and at 4b with n = 1, on identical micro-batches and the same samples (``--updates``
+counts updates at n = 16), to show that accumulation costs no activation memory.
 """
 
 from __future__ import annotations
@@ -182,7 +182,9 @@ def _memory_specs(
             overrides,
             str(path),
             label_names,
-            updates,
+            # The same samples (so the same number of forward passes) in every configuration: a
+            # longer run must not look cheaper or dearer for being shorter.
+            updates * max(MEMORY_ACCUMULATION_STEPS) * micro_batch // (size * steps),
             # Sequential order: with identical micro-batches, shuffling only adds noise.
             extra_overrides=[
                 *("--per_device_train_batch_size", str(size)),

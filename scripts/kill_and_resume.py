@@ -111,9 +111,8 @@ def main() -> int:
     equal = all(same_model(interrupted / f"checkpoint-{step}", reference / f"checkpoint-{step}") for step in new)
     final_equal = same_model(interrupted, reference)
     verdicts.append(equal and final_equal)
-    print(
-        f"resume {options.kills} (from checkpoint-{resumed_from}): saved {new}, final model bitwise equal: {final_equal}"
-    )
+    last = f"resume {options.kills} (from checkpoint-{resumed_from})"
+    print(f"{last}: saved {new}, final model bitwise equal: {final_equal}")
     print(f"{sum(verdicts)} of {options.kills} resumed runs ended bitwise equal to the uninterrupted run")
     return 0 if all(verdicts) else 1
 

@@ -57,7 +57,8 @@ def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):
         (4, 16),
         (16, 1),
     ]
-    assert [run["samples"] for run in runs] == [4, 16, 64, 16]
+    assert [run["samples"] for run in runs] == [64, 64, 64, 64]  # the same samples in each
+    assert [run["updates"] for run in runs] == [16, 4, 1, 4]
     assert all(run["peak_rss_mib"] > 0 for run in runs)
 
 
