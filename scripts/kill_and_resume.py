@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 # Frequent, kept checkpoints; with saves every few steps, best-model reloading (which wants
 # evaluation on the same schedule) is off, so the final model is the last weights.
-CHECKPOINT_FLAGS = ("--save_strategy", "steps", "--save_total_limit", "null", "--load_best_model_at_end", "false")
+CHECKPOINT_FLAGS = ("--save_strategy", "steps", "--save_total_limit", "1000", "--load_best_model_at_end", "false")
 
 
 def train(recipe: str, output_dir: Path, *flags: str) -> subprocess.Popen:
