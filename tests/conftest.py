@@ -22,9 +22,8 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model_path("all-minilm-l6-v2"))
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, tokenizer):
-    """A saved 2-layer BERT classifier (hidden 32, no dropout) plus tokenizer: a model folder recipes can name."""
+def save_tiny_bert(folder, tokenizer, dropout: float):
+    """A 2-layer BERT classifier (hidden 32, 3 labels) with the real tokenizer, saved in ``folder``."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -36,11 +35,22 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=128,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
         num_labels=3,
     )
-    folder = tmp_path_factory.mktemp("tiny-bert")
     BertForSequenceClassification(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """A saved 2-layer BERT classifier (hidden 32, no dropout) plus tokenizer: a model folder recipes can name."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), tokenizer, dropout=0.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_dropout_model_dir(tmp_path_factory, tokenizer):
+    """The same tiny BERT with BERT's usual dropout (0.1), for tests where the random state matters."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-dropout"), tokenizer, dropout=0.1)

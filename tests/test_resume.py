@@ -18,28 +18,6 @@ from finetune.checkpointing import COMPLETE_MARKER
 WORKER = Path(__file__).parent / "resume_worker.py"
 
 
-@pytest.fixture(scope="module")
-def dropout_model_dir(tmp_path_factory, tokenizer):
-    """A tiny BERT with dropout, so that resuming must restore the random state to be exact."""
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=3,
-    )
-    folder = tmp_path_factory.mktemp("tiny-bert-dropout")
-    BertForSequenceClassification(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def recipe_for(folder: Path, model_dir: Path) -> Path:
     # 458 reviews in micro-batches of 8, 3 to a window: 20 updates an epoch (the last window is
     # partial), 40 in all; a checkpoint every 4 updates; every update logged.
@@ -78,12 +56,12 @@ def logged_updates(run_dir: Path) -> list[tuple]:
     ]
 
 
-def test_killed_four_ways_and_resumed_equals_uninterrupted(tmp_path, dropout_model_dir):
+def test_killed_four_ways_and_resumed_equals_uninterrupted(tmp_path, tiny_dropout_model_dir):
     reference_dir, interrupted_dir = tmp_path / "reference", tmp_path / "interrupted"
     reference_dir.mkdir()
     interrupted_dir.mkdir()
-    reference = recipe_for(reference_dir, dropout_model_dir)
-    recipe = recipe_for(interrupted_dir, dropout_model_dir)
+    reference = recipe_for(reference_dir, tiny_dropout_model_dir)
+    recipe = recipe_for(interrupted_dir, tiny_dropout_model_dir)
     run_dir = interrupted_dir / "run"
     assert finetune_cli("train", str(reference)).returncode == 0
 
