@@ -4,7 +4,10 @@
 
 Trains the recipe once without interruption (OUT/reference), then again
 (OUT/interrupted), sending SIGKILL to the process at ``--kills`` random moments
-and resuming with ``--resume_from_checkpoint auto`` after each. Both runs save
+and resuming with ``--resume_from_checkpoint auto`` after each. A moment is
+a random 0-6 s after the process has saved its first new checkpoint, so every
+kill lands inside training (mid-window, mid-epoch, during a save...) and every
+resumed process leaves something to compare. Both runs save
 a checkpoint every ``--save_steps`` updates and keep them all, so each kill
 gets its own verdict: the checkpoints the resumed process wrote are compared
 bitwise (weights, and every logged loss so far) with the reference's of the
@@ -61,20 +64,25 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="seeds the kill moments")
     parser.add_argument("--save_steps", type=int, default=5)
     parser.add_argument("--out", default="runs/kill-and-resume")
+    parser.add_argument("--keep_reference", action="store_true", help="reuse OUT/reference from an earlier call")
     options = parser.parse_args()
     out = Path(options.out)
-    shutil.rmtree(out, ignore_errors=True)
+    reference = out / "reference"
+    if not (options.keep_reference and (reference / "model.safetensors").is_file()):
+        shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out / "interrupted", ignore_errors=True)
     flags = (*CHECKPOINT_FLAGS, "--save_steps", str(options.save_steps))
     moments = random.Random(options.seed)
 
     started = time.perf_counter()
-    reference = out / "reference"
-    if train(options.recipe, reference, *flags).wait() != 0:
+    if (reference / "model.safetensors").is_file():
+        print(f"uninterrupted run: reused from {reference}")
+    elif train(options.recipe, reference, *flags).wait() != 0:
         print("the uninterrupted run failed", file=sys.stderr)
         return 1
-    print(
-        f"uninterrupted run: {time.perf_counter() - started:.0f} s, checkpoints {sorted(checkpoint_steps(reference))}"
-    )
+    else:
+        print(f"uninterrupted run: {time.perf_counter() - started:.0f} s")
+    print(f"reference checkpoints: {sorted(checkpoint_steps(reference))}")
 
     interrupted = out / "interrupted"
     verdicts: list[bool] = []
@@ -82,8 +90,9 @@ def main() -> int:
     process = train(options.recipe, interrupted, *flags)
     for kill in range(1, options.kills + 1):
         before = checkpoint_steps(interrupted)
-        # Seconds after the process started: past the ~15 s of start-up, into training.
-        delay = moments.uniform(20, 60)
+        delay = moments.uniform(0, 6)
+        while process.poll() is None and checkpoint_steps(interrupted) <= before:
+            time.sleep(0.2)
         try:
             process.wait(timeout=delay)
             print(f"the run finished before kill {kill}; use a longer recipe or fewer kills", file=sys.stderr)
@@ -100,7 +109,7 @@ def main() -> int:
             verdicts.append(equal)
             print(f"resume {kill - 1} (from checkpoint-{resumed_from}): saved {new}, bitwise equal: {equal}")
         resumed_from = max(checkpoint_steps(interrupted), default=None)
-        print(f"kill {kill}: SIGKILL {delay:.0f} s after start, latest checkpoint {resumed_from}")
+        print(f"kill {kill}: SIGKILL {delay:.1f} s after its first new checkpoint, latest checkpoint {resumed_from}")
         flags_now = ("--resume_from_checkpoint", "auto") if resumed_from else ("--overwrite_output_dir",)
         process = train(options.recipe, interrupted, *flags, *flags_now)
     before = checkpoint_steps(interrupted)
