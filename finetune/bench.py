@@ -90,7 +90,7 @@ def bench(
                     recipe, overrides, encoded["train"], workdir, data.label_names, micro_batch, updates
                 )
             else:
-                specs = _speed_specs(recipe, overrides, encoded["train"], workdir, data.label_names, updates)
+                specs = _speed_specs(recipe, overrides, args, encoded["train"], workdir, data.label_names, updates)
                 held_out = "test" if "test" in data.splits else "validation"
                 if inference:
                     path = workdir / "inference"
@@ -137,11 +137,8 @@ def bench(
 
 
 def _speed_specs(
-    recipe: str | None, overrides: list[str], train: Any, workdir: Path, label_names: list[str], updates: int
+    recipe: str | None, overrides: list[str], args: Any, train: Any, workdir: Path, label_names: list[str], updates: int
 ) -> list[SystemSpec]:
-    from .recipes import load_recipe
-
-    args = load_recipe(recipe, overrides).training
     needed = updates * args.per_device_train_batch_size * args.gradient_accumulation_steps
     if needed > len(train):
         most = len(train) // (args.per_device_train_batch_size * args.gradient_accumulation_steps)

@@ -14,9 +14,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from .errors import FinetuneError
+
+# Where a "project" entry's path is relative to (this repository, in an editable install).
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 SOURCES = ("project", "pypi", "hub")
 # The fields each source needs; checked once when an entry is built so a typo

