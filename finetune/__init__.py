@@ -10,10 +10,10 @@ from .errors import FinetuneError
 # Imported on first use: torch and transformers take seconds to load, and commands
 # such as `finetune data list` or `finetune train --help` should not wait for them.
 _LAZY = {
-    "DataArguments": ".arguments",
-    "FinetuneTrainingArguments": ".arguments",
-    "ModelArguments": ".arguments",
-    "ReviewTrainer": ".trainer",
+    "DataArguments": ".config.arguments",
+    "FinetuneTrainingArguments": ".config.arguments",
+    "ModelArguments": ".config.arguments",
+    "ReviewTrainer": ".training.trainer",
 }
 
 __all__ = ["DataArguments", "FinetuneError", "FinetuneTrainingArguments", "ModelArguments", "ReviewTrainer"]

@@ -2,12 +2,12 @@
 
 | subcommand | function |
 | --- | --- |
-| ``train RECIPE [--field value ...]`` | :func:`finetune.train.train` |
-| ``evaluate PATH [--data FILE]`` | :func:`finetune.evaluation.evaluate` |
-| ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.prediction.predict` |
-| ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.bench.bench` |
-| ``data list [--cache_dir DIR]`` | :func:`finetune.fetch.catalog_table` |
-| ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.fetch.fetch` |
+| ``train RECIPE [--field value ...]`` | :func:`finetune.commands.train.train` |
+| ``evaluate PATH [--data FILE]`` | :func:`finetune.commands.evaluate.evaluate` |
+| ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
+| ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
+| ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
+| ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
 
 Heavy libraries are imported inside the functions so ``--help`` and input
 errors answer quickly.
@@ -25,23 +25,23 @@ from .errors import FinetuneError, TrainingInterrupted
 
 def _train(options: argparse.Namespace, extra: list[str]) -> None:
     if options.recipe in ("-h", "--help") or "-h" in extra or "--help" in extra:
-        from .recipes import build_parser
+        from .config.recipes import build_parser
 
         build_parser().print_help()
         return
-    from .train import train
+    from .commands.train import train
 
     train(options.recipe, extra)
 
 
 def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
-    from .evaluation import evaluate
+    from .commands.evaluate import evaluate
 
     evaluate(options.path, data=options.data, split=options.split, batch_size=options.batch_size)
 
 
 def _predict(options: argparse.Namespace, extra: list[str]) -> None:
-    from .prediction import predict
+    from .commands.predict import predict
 
     predict(
         options.model,
@@ -54,7 +54,7 @@ def _predict(options: argparse.Namespace, extra: list[str]) -> None:
 
 
 def _bench(options: argparse.Namespace, extra: list[str]) -> None:
-    from .bench import bench
+    from .commands.bench import bench
 
     bench(
         options.recipe,
@@ -67,15 +67,15 @@ def _bench(options: argparse.Namespace, extra: list[str]) -> None:
 
 
 def _data_list(options: argparse.Namespace, extra: list[str]) -> None:
-    from .fetch import cache_root, catalog_table
+    from .data.fetch import cache_root, catalog_table
 
     print(catalog_table(options.cache_dir))
     print(f"cache: {cache_root(options.cache_dir)} (move it with FINETUNE_CACHE or --cache_dir)", file=sys.stderr)
 
 
 def _data_fetch(options: argparse.Namespace, extra: list[str]) -> None:
-    from .catalog import get_entry
-    from .fetch import fetch
+    from .data.catalog import get_entry
+    from .data.fetch import fetch
 
     # Only the folder goes to stdout, so a script can take it with "$(finetune data fetch drugscom)".
     # A Hub entry has no folder to print: fetch raises, and exit 2 rather than 0 keeps

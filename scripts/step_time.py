@@ -15,7 +15,7 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification
 
-from finetune.modeling import resolve_model_path
+from finetune.training.modeling import resolve_model_path
 
 
 def main() -> None:

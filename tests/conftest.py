@@ -17,7 +17,7 @@ def tokenizer():
     """The real uncased WordPiece tokenizer of the packaged MiniLM model."""
     from transformers import AutoTokenizer
 
-    from finetune.modeling import resolve_model_path
+    from finetune.training.modeling import resolve_model_path
 
     return AutoTokenizer.from_pretrained(resolve_model_path("all-minilm-l6-v2"))
 

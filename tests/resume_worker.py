@@ -17,8 +17,8 @@ import sys
 
 from transformers import TrainerCallback
 
-import finetune.train
-from finetune.checkpointing import CrashSafeCheckpoints
+import finetune.commands.train
+from finetune.training.checkpointing import CrashSafeCheckpoints
 
 
 def die() -> None:
@@ -55,7 +55,7 @@ def main() -> None:
             write(self, staging)
 
         CrashSafeCheckpoints._write_checkpoint_files = write_then_die
-    finetune.train.train(recipe, overrides, callbacks=[KillAt(point, step)])
+    finetune.commands.train.train(recipe, overrides, callbacks=[KillAt(point, step)])
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 from helpers import tiny_recipe
 
 from finetune.cli import main
-from finetune.flops import training_flops
+from finetune.commands.flops import training_flops
 
 
 def tiny_bench_recipe(folder: Path, model_dir: Path) -> Path:

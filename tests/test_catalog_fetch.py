@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from finetune.catalog import CATALOG, CatalogEntry, get_entry
 from finetune.cli import main
+from finetune.data.catalog import CATALOG, CatalogEntry, get_entry
+from finetune.data.fetch import cache_root, dataset_folder, fetch, is_cached, split_paths
 from finetune.errors import FinetuneError
-from finetune.fetch import cache_root, dataset_folder, fetch, is_cached, split_paths
 
 PROJECT = Path(__file__).parent.parent
 TRAIN = '\tdrugName\treview\trating\n1\tA\t"""works &#039;well&#039;"""\tpositive\n2\tB\tawful\tnegative\n'

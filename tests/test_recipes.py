@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from finetune import FinetuneError
-from finetune.recipes import load_recipe
+from finetune.config.recipes import load_recipe
 
 PROJECT = Path(__file__).parent.parent
 RECIPES = sorted((PROJECT / "recipes").glob("*.yaml"))

@@ -13,7 +13,7 @@ from helpers import tiny_recipe
 from PIL import Image
 
 from finetune.cli import main
-from finetune.report import history_rows
+from finetune.evaluation.report import history_rows
 
 # A small slice of the quickstart data: 96 training reviews in micro-batches of 8, two per update,
 # so 6 updates an epoch and 12 in all; the loss is logged every 5, so most updates are not.

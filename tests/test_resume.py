@@ -13,7 +13,7 @@ import pytest
 from helpers import tiny_recipe
 from safetensors.torch import load_file
 
-from finetune.checkpointing import COMPLETE_MARKER
+from finetune.training.checkpointing import COMPLETE_MARKER
 
 WORKER = Path(__file__).parent / "resume_worker.py"
 

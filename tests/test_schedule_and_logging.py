@@ -8,7 +8,7 @@ import pytest
 from helpers import quiet_args, review_dataset
 from transformers import BertForSequenceClassification, DataCollatorWithPadding, TrainerCallback
 
-import finetune.trainer as trainer_module
+import finetune.training.trainer as trainer_module
 from finetune import ReviewTrainer
 
 

@@ -2,9 +2,9 @@
 
 Each system trains the recipe's model from the same seed on the same samples
 for the same number of updates, with the same micro-batch, n_accumulate and
-optimizer, in its own process (see :mod:`finetune.bench_systems`). The report
+optimizer, in its own process (see :mod:`finetune.commands.bench_systems`). The report
 gives throughput in samples and real (non-pad) tokens, the pad fraction, peak
-resident memory, achieved GFLOP/s from :mod:`finetune.flops`, and that as a
+resident memory, achieved GFLOP/s from :mod:`finetune.commands.flops`, and that as a
 share of a matrix-multiply peak measured here at start (MFU). Ratios against
 ReviewTrainer come first. Timings are for reading, never for asserting.
 
@@ -26,8 +26,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..errors import FinetuneError
 from .bench_systems import CLASSIC_LOOP, INFERENCE, REVIEW_TRAINER, STOCK_TRAINER, SystemSpec, run_in_child
-from .errors import FinetuneError
 
 TRAINING_SYSTEMS = (REVIEW_TRAINER, STOCK_TRAINER, CLASSIC_LOOP)
 MEMORY_ACCUMULATION_STEPS = (1, 4, 16)
@@ -46,11 +46,11 @@ def bench(
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from .data import load_review_data, tokenize_splits
+    from ..config.recipes import load_recipe
+    from ..data.sources import progress_bars
+    from ..data.splits import load_review_data, tokenize_splits
+    from ..training.modeling import load_tokenizer, resolve_model_path
     from .flops import measure_gemm_peak, non_embedding_parameters
-    from .modeling import load_tokenizer, resolve_model_path
-    from .recipes import load_recipe
-    from .sources import progress_bars
 
     if updates < 1:
         raise FinetuneError(f"--updates must be >= 1 (got {updates}); try --updates 20")

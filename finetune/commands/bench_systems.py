@@ -70,8 +70,8 @@ def _load(spec: SystemSpec) -> tuple[Any, Any, Any, Any]:
     import datasets
     from transformers import set_seed
 
-    from .modeling import load_classifier, load_tokenizer
-    from .recipes import load_recipe
+    from ..config.recipes import load_recipe
+    from ..training.modeling import load_classifier, load_tokenizer
 
     output_dir = tempfile.mkdtemp(prefix="finetune-bench-")
     run = load_recipe(
@@ -146,7 +146,7 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     else:
         from transformers import Trainer
 
-        from .trainer import ReviewTrainer
+        from ..training.trainer import ReviewTrainer
 
         trainer_class = ReviewTrainer if spec.system == REVIEW_TRAINER else Trainer
         trainer = trainer_class(
@@ -221,7 +221,7 @@ def _inference(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     import torch
     from transformers import DataCollatorWithPadding
 
-    from .inference import predict_probabilities
+    from ..evaluation.inference import predict_probabilities
 
     run, tokenizer, model, samples = _load(spec)
     texts = list(samples["text"])

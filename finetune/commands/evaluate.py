@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import FinetuneError
+from ..errors import FinetuneError
 
 
 def evaluate(
@@ -22,7 +22,7 @@ def evaluate(
     model, and the best by macro-F1 is marked. The data is the run's
     ``split`` (from its recipe) unless ``data`` names a file with the same columns.
     """
-    from .runs import checkpoints, require_model_folder
+    from ..training.runs import checkpoints, require_model_folder
 
     folder = Path(path)
     if not folder.exists():
@@ -61,7 +61,7 @@ def write_pictures_and_table(
     The files go beside ``evaluation_<scored_on>.json``; the checkpoint
     picture only when a run's checkpoints were scored. Returns the files written.
     """
-    from .report import plot_checkpoints, plot_confusion_matrix
+    from ..evaluation.report import plot_checkpoints, plot_confusion_matrix
 
     table = folder / f"evaluation_{scored_on}.md"
     table.write_text(format_table(reports) + "\n", encoding="utf-8")
@@ -85,9 +85,9 @@ def _score(
 ) -> dict[str, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from .inference import predict_probabilities
-    from .metrics import classification_report
-    from .runs import checkpoint_step
+    from ..evaluation.inference import predict_probabilities
+    from ..evaluation.metrics import classification_report
+    from ..training.runs import checkpoint_step
 
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -100,9 +100,9 @@ def load_labelled_texts(
     model_dir: Path, data: str | None, split: str, label_names: list[str]
 ) -> tuple[list[str], list[int], int]:
     """Texts and label ids to score ``model_dir`` on, read as its run's recipe says."""
-    from .arguments import DataArguments
-    from .data import load_labelled_file, load_review_data
-    from .runs import find_run_config
+    from ..config.arguments import DataArguments
+    from ..data.splits import load_labelled_file, load_review_data
+    from ..training.runs import find_run_config
 
     run_config = find_run_config(model_dir)
     if run_config is None and data is None:

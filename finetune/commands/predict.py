@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import FinetuneError
+from ..errors import FinetuneError
 
 _TEXT_COLUMN_GUESSES = ("text", "review", "content", "body", "sentence")
 
@@ -29,8 +29,8 @@ def predict(
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from .inference import predict_probabilities
-    from .runs import find_run_config, require_model_folder
+    from ..evaluation.inference import predict_probabilities
+    from ..training.runs import find_run_config, require_model_folder
 
     model_dir = Path(model_path)
     require_model_folder(model_dir)
@@ -101,8 +101,8 @@ def _guess_text_column(rows: list[dict[str, Any]], recipe_column: str | None, in
 
 def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | None, clean: bool) -> list[str]:
     """Each row's text cleaned and joined to its title as in training, so the model sees what it learned from."""
-    from .cleaning import clean_texts
-    from .data import join_title
+    from ..data.cleaning import clean_texts
+    from ..data.splits import join_title
 
     if any(column not in row for row in rows):
         raise FinetuneError(f"a row has no '{column}' column; pass --text_column NAME")

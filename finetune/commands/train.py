@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import FinetuneError, TrainingInterrupted
+from ..errors import FinetuneError, TrainingInterrupted
 
 
 def train(recipe: str | None, overrides: list[str] | None = None, callbacks: list[Any] | None = None) -> dict[str, Any]:
@@ -20,16 +20,16 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     import transformers
     from transformers import DataCollatorWithPadding, set_seed
 
-    from .checkpointing import latest_complete_checkpoint
-    from .data import load_review_data, tokenize_splits
-    from .interrupt import StopOnSignal
-    from .metrics import build_compute_metrics, classification_report
-    from .model_card import write_model_card
-    from .modeling import load_classifier, load_tokenizer
-    from .recipes import load_recipe
-    from .report import UpdateRecorder, write_run_report
-    from .runs import prepare_output_dir, save_run_config
-    from .trainer import ReviewTrainer
+    from ..config.recipes import load_recipe
+    from ..data.splits import load_review_data, tokenize_splits
+    from ..evaluation.metrics import build_compute_metrics, classification_report
+    from ..evaluation.model_card import write_model_card
+    from ..evaluation.report import UpdateRecorder, write_run_report
+    from ..training.checkpointing import latest_complete_checkpoint
+    from ..training.interrupt import StopOnSignal
+    from ..training.modeling import load_classifier, load_tokenizer
+    from ..training.runs import prepare_output_dir, save_run_config
+    from ..training.trainer import ReviewTrainer
 
     # Arguments: recipe, then flags. Everything is checked before anything is written.
     run = load_recipe(recipe, overrides)
@@ -132,7 +132,7 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
 
 
 def _resume_advice(trainer: Any, stopper: Any, recipe: str | None, overrides: list[str] | None) -> str:
-    from .runs import checkpoints
+    from ..training.runs import checkpoints
 
     saved = checkpoints(Path(trainer.args.output_dir))
     where = saved[-1] if saved else trainer.args.output_dir

@@ -11,12 +11,11 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from transformers import TrainingArguments
 
-from .accumulation import validate_accumulation_steps
-from .errors import FinetuneError
+from ..errors import FinetuneError
 
 PACKAGED_MODEL = "all-minilm-l6-v2"
 
@@ -182,6 +181,26 @@ class FinetuneTrainingArguments(TrainingArguments):
         # Checked before the parent's __post_init__, which derives batch sizes from it.
         validate_accumulation_steps(self.gradient_accumulation_steps)
         super().__post_init__()
+
+
+def validate_accumulation_steps(value: Any) -> int:
+    """Return ``value`` if it is a usable ``gradient_accumulation_steps``, else raise.
+
+    Booleans and floats are refused even when they look whole (``True``,
+    ``4.0``): a recipe that says ``n_accumulate: 2.5`` is a mistake to report,
+    not a number to round.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FinetuneError(
+            f"gradient_accumulation_steps must be a whole number >= 1 (got {value!r}); "
+            "set it in the recipe or pass --gradient_accumulation_steps 4"
+        )
+    if value < 1:
+        raise FinetuneError(
+            f"gradient_accumulation_steps must be >= 1 (got {value}); "
+            "set it in the recipe or pass --gradient_accumulation_steps 4"
+        )
+    return value
 
 
 _BIN_RANGE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:-\s*(-?\d+(?:\.\d+)?)\s*)?$")

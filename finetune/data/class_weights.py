@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from sklearn.utils.class_weight import compute_class_weight
 
-from .errors import FinetuneError
+from ..errors import FinetuneError
 
 
 def balanced_class_weights(labels: Sequence[int], num_classes: int) -> list[float]:

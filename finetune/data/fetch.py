@@ -21,8 +21,8 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import IO
 
+from ..errors import FinetuneError
 from .catalog import CATALOG, PROJECT_ROOT, CatalogEntry
-from .errors import FinetuneError
 
 _CHUNK = 1 << 20
 

@@ -2,7 +2,7 @@
 
 Every source ends as the same thing, a :class:`RawSplits`: one untouched
 ``datasets.Dataset`` per split plus, for messages, where each row came from.
-Mapping columns to text and labels is :mod:`finetune.data`'s job.
+Mapping columns to text and labels is :mod:`finetune.data.splits`'s job.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import datasets
 
-from .arguments import DataArguments
-from .errors import FinetuneError
+from ..config.arguments import DataArguments
+from ..errors import FinetuneError
 
 SPLITS = ("train", "validation", "test")
 # File names accepted for each split inside dataset_dir, and split names on the Hub, in order of preference.

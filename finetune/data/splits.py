@@ -19,9 +19,9 @@ from typing import Any
 import datasets
 from transformers import PreTrainedTokenizerBase
 
-from .arguments import DataArguments
+from ..config.arguments import DataArguments
+from ..errors import FinetuneError
 from .cleaning import clean_texts
-from .errors import FinetuneError
 from .sources import ROWS_WORTH_A_BAR, RawSplits, progress_bars, read_files, read_sources
 
 # Why a row is dropped, and how a message names it.

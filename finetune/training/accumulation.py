@@ -9,31 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
-
-from .errors import FinetuneError
+from typing import TypeVar
 
 T = TypeVar("T")
-
-
-def validate_accumulation_steps(value: Any) -> int:
-    """Return ``value`` if it is a usable ``gradient_accumulation_steps``, else raise.
-
-    Booleans and floats are refused even when they look whole (``True``,
-    ``4.0``): a recipe that says ``n_accumulate: 2.5`` is a mistake to report,
-    not a number to round.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FinetuneError(
-            f"gradient_accumulation_steps must be a whole number >= 1 (got {value!r}); "
-            "set it in the recipe or pass --gradient_accumulation_steps 4"
-        )
-    if value < 1:
-        raise FinetuneError(
-            f"gradient_accumulation_steps must be >= 1 (got {value}); "
-            "set it in the recipe or pass --gradient_accumulation_steps 4"
-        )
-    return value
 
 
 def updates_per_epoch(micro_batches_per_epoch: int, accumulation_steps: int) -> int:

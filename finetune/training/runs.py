@@ -16,8 +16,8 @@ from typing import Any
 
 from transformers.trainer_utils import sort_checkpoints
 
+from ..errors import FinetuneError
 from .checkpointing import require_safe_weights
-from .errors import FinetuneError
 
 RUN_CONFIG = "finetune_run.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")

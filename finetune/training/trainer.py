@@ -34,18 +34,18 @@ from transformers import ProgressCallback, Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import SaveStrategy, TrainOutput, speed_metrics
 
+from ..config.arguments import validate_accumulation_steps
+from ..data.class_weights import balanced_class_weights
+from ..errors import FinetuneError
 from .accumulation import (
     epochs_to_run,
     micro_batch_weight,
     total_updates,
     updates_per_epoch,
-    validate_accumulation_steps,
     windows,
 )
 from .checkpointing import CrashSafeCheckpoints
-from .class_weights import balanced_class_weights
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
-from .errors import FinetuneError
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 

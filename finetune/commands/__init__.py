@@ -1,0 +1,1 @@
+"""The ``finetune`` subcommands as plain functions (train, evaluate, predict, bench); ``cli.py`` maps names to them."""

@@ -1,0 +1,1 @@
+"""Reviews in, clean labelled splits out: sources, the dataset catalog and fetch, cleaning, splits, class weights."""

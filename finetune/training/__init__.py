@@ -1,0 +1,1 @@
+"""Training: ReviewTrainer and its exact accumulation loop, checkpoints, processes, signals, the model, run folders."""

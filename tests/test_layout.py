@@ -1,0 +1,58 @@
+"""The package's folders are layers: a module imports only from its own layer or the ones below."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent.parent / "finetune"
+# Lowest first. Top-level modules: errors.py is the floor; cli.py, __init__.py and __main__.py the roof.
+LAYERS = ["errors", "config", "data", "training", "evaluation", "commands", "cli"]
+
+
+def layer_of(module: str) -> int:
+    """The layer of a dotted module name inside the package, e.g. ``finetune.data.splits`` -> data's."""
+    parts = module.split(".")[1:] or ["cli"]
+    first = parts[0]
+    if first in ("__init__", "__main__"):
+        first = "cli"
+    return LAYERS.index(first)
+
+
+def imported_modules(path: Path) -> list[str]:
+    """Absolute names of the finetune modules ``path`` imports (lazy imports inside functions included)."""
+    module = ".".join(("finetune", *path.relative_to(PACKAGE).with_suffix("").parts))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")
+            base = base[: len(base) - node.level + 1]
+            target = ".".join([*base, node.module] if node.module else base)
+            names = [target] if node.module else [f"{target}.{alias.name}" for alias in node.names]
+            found.extend(names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("finetune"):
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names if alias.name.startswith("finetune"))
+    return found
+
+
+def test_no_import_runs_up_a_layer():
+    modules = [path for path in PACKAGE.rglob("*.py") if "metric_modules" not in path.parts]
+    assert len(modules) > 30
+    upward = []
+    for path in modules:
+        relative = path.relative_to(PACKAGE)
+        own = layer_of(".".join(("finetune", *relative.with_suffix("").parts)))
+        for target in imported_modules(path):
+            if target != "finetune" and layer_of(target) > own:
+                upward.append(f"{relative} imports {target}")
+    assert upward == []
+
+
+def test_every_folder_says_what_lives_there():
+    for folder in LAYERS[1:-1]:
+        init = PACKAGE / folder / "__init__.py"
+        docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert docstring and len(docstring.splitlines()) == 1, init
