@@ -4,6 +4,7 @@
 | --- | --- |
 | ``train RECIPE [--field value ...]`` | :func:`finetune.commands.train.train` |
 | ``evaluate PATH [--data FILE]`` | :func:`finetune.commands.evaluate.evaluate` |
+| ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
@@ -37,7 +38,19 @@ def _train(options: argparse.Namespace, extra: list[str]) -> None:
 def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
     from .commands.evaluate import evaluate
 
-    evaluate(options.path, data=options.data, split=options.split, batch_size=options.batch_size)
+    evaluate(
+        options.path,
+        data=options.data,
+        split=options.split,
+        batch_size=options.batch_size,
+        baseline=not options.no_baseline,
+    )
+
+
+def _baseline(options: argparse.Namespace, extra: list[str]) -> None:
+    from .commands.baseline import baseline
+
+    baseline(options.recipe, extra, output=options.output)
 
 
 def _predict(options: argparse.Namespace, extra: list[str]) -> None:
@@ -107,7 +120,17 @@ def build_cli() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", help="a labelled file with the recipe's columns (default: the run's test split)")
     evaluate.add_argument("--split", default="test", help="which split of the run's data to score (default: test)")
     evaluate.add_argument("--batch_size", type=int, default=32)
+    evaluate.add_argument("--no_baseline", action="store_true", help="skip the TF-IDF baseline row")
     evaluate.set_defaults(handler=_evaluate)
+
+    baseline = commands.add_parser(
+        "baseline",
+        help="the TF-IDF + logistic-regression baseline alone on a recipe's data (seconds)",
+        description="Recipe fields can be overridden after the options, e.g. --max_train_samples 2000.",
+    )
+    baseline.add_argument("recipe", help="a recipe YAML file, e.g. recipes/drugscom.yaml")
+    baseline.add_argument("--output", help="also save the result as JSON here")
+    baseline.set_defaults(handler=_baseline)
 
     predict = commands.add_parser("predict", help="label reviews from a CSV/JSONL file or stdin")
     predict.add_argument("model", help="a model folder (a run's output_dir or a checkpoint)")
@@ -154,8 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         options, extra = build_cli().parse_known_args(argv)
-        # train and bench pass unknown flags on as recipe overrides.
-        if options.command not in ("train", "bench") and extra:
+        # train, bench and baseline pass unknown flags on as recipe overrides.
+        if options.command not in ("train", "bench", "baseline") and extra:
             command = " ".join(filter(None, (options.command, getattr(options, "data_command", None))))
             raise FinetuneError(f"unrecognized arguments: {' '.join(extra)}; see 'finetune {command} --help'")
         _quiet_libraries()

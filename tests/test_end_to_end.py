@@ -56,12 +56,18 @@ def test_evaluate_scores_every_checkpoint_and_marks_the_best(trained_run, capsys
     table = capsys.readouterr().out
     assert "checkpoint-15" in table and "checkpoint-30" in table and "| final |" in table
     reports = json.loads((trained_run / "evaluation_test.json").read_text())
-    assert [report["step"] for report in reports] == [15, 30, None]
-    assert sum(report["best"] for report in reports) == 1
-    best = max(reports, key=lambda report: report["macro_f1"])
+    *models, baseline = reports
+    assert [report["step"] for report in models] == [15, 30, None]
+    assert sum(report["best"] for report in models) == 1
+    best = max(models, key=lambda report: report["macro_f1"])
     assert best["best"]
     # The final model is the best checkpoint reloaded (load_best_model_at_end).
-    assert reports[-1]["macro_f1"] == pytest.approx(best["macro_f1"])
+    assert models[-1]["macro_f1"] == pytest.approx(best["macro_f1"])
+    # The TF-IDF baseline, fit on the run's train split, scored on the same test reviews.
+    assert baseline["kind"] == "baseline" and "best" not in baseline
+    assert baseline["num_samples"] == best["num_samples"] and baseline["train_reviews"] == 458
+    assert baseline["best_vs_baseline"]["macro_f1"] == pytest.approx(best["macro_f1"] - baseline["macro_f1"], abs=1e-4)
+    assert "| TF-IDF baseline | - |" in table
 
 
 def test_evaluate_a_checkpoint_on_a_given_file(trained_run, tmp_path, capsys):

@@ -155,3 +155,29 @@ def test_history_rows_skip_the_summary_and_keep_logged_updates_from_before_a_res
     assert rows[0]["loss"] == 1.1 and rows[3]["loss"] == 0.9 and "loss" not in rows[2]
     # The recorded rate is kept over the logged one at the same step.
     assert rows[3]["learning_rate"] == pytest.approx(1e-4 * 2 / 8)
+
+
+def test_the_baseline_stands_beside_the_run(small_run):
+    from finetune.evaluation.baseline import TfidfBaseline
+
+    metrics = json.loads((small_run / "report" / "metrics.json").read_text())
+    baseline = metrics["baseline"]
+    assert baseline["train_reviews"] == 96 and baseline["fit_seconds"] < 60
+    assert set(baseline["scores"]) == {"validation", "test"}
+    assert baseline["scores"]["test"]["num_samples"] == metrics["test"]["num_samples"] == 48
+    assert metrics["vs_baseline"]["accuracy"] == pytest.approx(
+        metrics["test"]["accuracy"] - baseline["scores"]["test"]["accuracy"], abs=1e-4
+    )
+    card = (small_run / "README.md").read_text()
+    assert "| TF-IDF baseline |" in card and "| difference |" in card
+
+    # The same figures from a baseline fit by hand on the run's own train split.
+    from finetune.config.arguments import DataArguments
+    from finetune.data.splits import load_review_data
+
+    run = json.loads((small_run / "finetune_run.json").read_text())
+    splits = load_review_data(DataArguments(**run["data"]), seed=run["seed"]).splits
+    again = TfidfBaseline(3).fit(splits["train"]["text"], splits["train"]["labels"])
+    predictions = again.predict(splits["test"]["text"])
+    correct = sum(int(p == y) for p, y in zip(predictions, splits["test"]["labels"]))
+    assert baseline["scores"]["test"]["accuracy"] == pytest.approx(correct / 48)

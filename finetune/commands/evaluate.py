@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..data.encoding import ReviewEncoding
 from ..errors import FinetuneError
 
 
@@ -15,12 +18,15 @@ def evaluate(
     data: str | None = None,
     split: str = "test",
     batch_size: int = 32,
+    baseline: bool = True,
 ) -> list[dict[str, Any]]:
     """Score ``path`` (a model folder or a run folder) and print a table; returns one report per model.
 
     For a run folder every ``checkpoint-*`` is scored as well as the final
     model, and the best by macro-F1 is marked. The data is the run's
     ``split`` (from its recipe) unless ``data`` names a file with the same columns.
+    With ``baseline`` (and the run's train split at hand) the TF-IDF baseline,
+    fit on that split, is scored on the same reviews and added as a last row.
     """
     from ..training.runs import checkpoints, require_model_folder
 
@@ -38,11 +44,14 @@ def evaluate(
 
     config = AutoConfig.from_pretrained(models[0])
     label_names = [config.id2label[index] for index in range(config.num_labels)]
-    texts, labels, max_length = load_labelled_texts(models[0], data, split, label_names)
-    reports = [_score(model_dir, texts, labels, label_names, max_length, batch_size) for model_dir in models]
+    scoring = load_labelled_texts(models[0], data, split, label_names)
+    reports = [_score(model_dir, scoring, label_names, batch_size) for model_dir in models]
     best = max(range(len(reports)), key=lambda index: reports[index]["macro_f1"])
     for index, report in enumerate(reports):
         report["best"] = index == best
+    if baseline and scoring.train_texts:
+        # The obvious alternative on the same reviews, fit on the run's own train split.
+        reports.append(_score_baseline(scoring, label_names, reports[best]))
     print(format_table(reports))
     scored_on = Path(data).stem if data else split
     out_name = f"evaluation_{scored_on}.json"
@@ -65,7 +74,7 @@ def write_pictures_and_table(
 
     table = folder / f"evaluation_{scored_on}.md"
     table.write_text(format_table(reports) + "\n", encoding="utf-8")
-    best = next(report for report in reports if report["best"])
+    best = next(report for report in reports if report.get("best"))
     confusion = folder / f"confusion_matrix_{scored_on}.png"
     title = (
         f"{Path(best['model']).name} on {scored_on}: {best['num_samples']} reviews, "
@@ -73,16 +82,15 @@ def write_pictures_and_table(
     )
     plot_confusion_matrix(confusion, best["confusion_matrix"], label_names, title)
     written = [table, confusion]
-    if len(reports) > 1 and any(report["step"] is not None for report in reports):
+    models = [report for report in reports if report.get("kind") != "baseline"]
+    if len(models) > 1 and any(report["step"] is not None for report in models):
         progress = folder / f"checkpoints_{scored_on}.png"
-        plot_checkpoints(progress, reports, f"{folder.resolve().name} on {scored_on} ({best['num_samples']} reviews)")
+        plot_checkpoints(progress, models, f"{folder.resolve().name} on {scored_on} ({best['num_samples']} reviews)")
         written.append(progress)
     return written
 
 
-def _score(
-    model_dir: Path, texts: list[str], labels: list[int], label_names: list[str], max_length: int, batch_size: int
-) -> dict[str, Any]:
+def _score(model_dir: Path, scoring: ScoringData, label_names: list[str], batch_size: int) -> dict[str, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from ..evaluation.inference import predict_probabilities
@@ -91,15 +99,28 @@ def _score(
 
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    probabilities = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, max_length=max_length)
-    report = classification_report(probabilities.argmax(-1), labels, label_names)
+    probabilities = predict_probabilities(model, tokenizer, scoring.texts, batch_size, scoring.encoding)
+    report = classification_report(probabilities.argmax(-1), scoring.labels, label_names)
     return {"model": str(model_dir), "step": checkpoint_step(model_dir), **report}
 
 
-def load_labelled_texts(
-    model_dir: Path, data: str | None, split: str, label_names: list[str]
-) -> tuple[list[str], list[int], int]:
-    """Texts and label ids to score ``model_dir`` on, read as its run's recipe says."""
+@dataclass
+class ScoringData:
+    """The reviews to score a model on, and the run's training reviews (for the baseline) when at hand."""
+
+    texts: list[str]
+    labels: list[int]
+    encoding: ReviewEncoding
+    train_texts: list[str] = field(default_factory=list)
+    train_labels: list[int] = field(default_factory=list)
+
+
+def load_labelled_texts(model_dir: Path, data: str | None, split: str, label_names: list[str]) -> ScoringData:
+    """Texts and label ids to score ``model_dir`` on, read as its run's recipe says.
+
+    The run's train split comes along when its data can be read (for a
+    ``--data`` file too), so the baseline can be fit on what the model saw.
+    """
     from ..config.arguments import DataArguments
     from ..data.splits import load_labelled_file, load_review_data
     from ..training.runs import find_run_config
@@ -109,23 +130,59 @@ def load_labelled_texts(
         raise FinetuneError(f"{model_dir} has no {split} data on record; pass --data FILE with text and label columns")
     fields = dict(run_config["data"]) if run_config else {}
     fields["class_names"] = label_names if not fields.get("label_bins") else None
+    data_args = DataArguments(**fields)
+    encoding = ReviewEncoding.from_fields(fields)
     if data is not None:
         if not Path(data).is_file():
             raise FinetuneError(f"data file not found: {data}; check the path")
-        data_args = DataArguments(**fields)
         scored = load_labelled_file(Path(data), data_args, label_names)
-        return list(scored["text"]), list(scored["labels"]), data_args.max_length
-    data_args = DataArguments(**fields)
+        scoring = ScoringData(list(scored["text"]), list(scored["labels"]), encoding)
+        if run_config is not None:
+            with contextlib.suppress(FinetuneError, OSError):
+                train = load_review_data(data_args, seed=run_config.get("seed", 42)).splits["train"]
+                scoring.train_texts, scoring.train_labels = list(train["text"]), list(train["labels"])
+        return scoring
     splits = load_review_data(data_args, seed=run_config.get("seed", 42)).splits
     if split not in splits:
         raise FinetuneError(f"the run's data has no '{split}' split; pass --split validation or --data FILE")
-    return list(splits[split]["text"]), list(splits[split]["labels"]), data_args.max_length
+    return ScoringData(
+        list(splits[split]["text"]),
+        list(splits[split]["labels"]),
+        encoding,
+        list(splits["train"]["text"]),
+        list(splits["train"]["labels"]),
+    )
+
+
+def _score_baseline(scoring: ScoringData, label_names: list[str], best: dict[str, Any]) -> dict[str, Any]:
+    """The TF-IDF baseline's report on the scored reviews, with the best model's lead over it."""
+    from ..evaluation.baseline import DESCRIPTION, TfidfBaseline, compare
+    from ..evaluation.metrics import classification_report
+
+    baseline = TfidfBaseline(len(label_names)).fit(scoring.train_texts, scoring.train_labels)
+    report = classification_report(baseline.predict(scoring.texts), scoring.labels, label_names)
+    return {
+        "model": "TF-IDF baseline",
+        "kind": "baseline",
+        "description": DESCRIPTION,
+        "train_reviews": baseline.train_reviews,
+        "step": None,
+        **report,
+        "best_vs_baseline": compare(best, report),
+    }
 
 
 def format_table(reports: list[dict[str, Any]]) -> str:
     """A markdown table of the reports, the best marked with a star."""
     lines = ["| model | step | accuracy | macro-F1 | best |", "| --- | --- | --- | --- | --- |"]
     for report in reports:
+        if report.get("kind") == "baseline":
+            lead = report["best_vs_baseline"]
+            lines.append(
+                f"| {report['model']} | - | {report['accuracy']:.4f} | {report['macro_f1']:.4f} | "
+                f"best leads by {lead['accuracy']:+.4f} / {lead['macro_f1']:+.4f} |"
+            )
+            continue
         step = "final" if report["step"] is None else str(report["step"])
         mark = "*" if report.get("best") else ""
         lines.append(

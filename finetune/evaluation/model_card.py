@@ -57,7 +57,7 @@ def write_model_card(output_dir: str | Path) -> Path:
         *_training_data(run, entry),
         *_reproduce(run),
         *_training(run, metrics),
-        *_results(test),
+        *_results(test, metrics.get("baseline")),
         *_pictures(folder),
         *_limits(run, test, entry),
     ]
@@ -223,7 +223,7 @@ def _training(run: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _results(test: dict[str, Any] | None) -> list[str]:
+def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> list[str]:
     if test is None:
         return ["## Test results", "", "The run's data had no test split; see the validation scores in `report/`.", ""]
     lines = [
@@ -232,6 +232,7 @@ def _results(test: dict[str, Any] | None) -> list[str]:
         f"{test['num_samples']} test reviews: accuracy **{test['accuracy']:.3f}**, "
         f"macro-F1 **{test['macro_f1']:.3f}**.",
         "",
+        *_against_baseline(test, baseline),
         "| class | precision | recall | F1 | test reviews |",
         "| --- | --- | --- | --- | --- |",
     ]
@@ -252,6 +253,27 @@ def _results(test: dict[str, Any] | None) -> list[str]:
         lines.append(f"| {name} | " + " | ".join(str(count) for count in row) + " |")
     lines.append("")
     return lines
+
+
+def _against_baseline(test: dict[str, Any], baseline: dict[str, Any] | None) -> list[str]:
+    """The TF-IDF baseline's test scores beside the model's, with the difference."""
+    baseline_test = (baseline or {}).get("scores", {}).get("test")
+    if not baseline_test:
+        return []
+    from .baseline import compare
+
+    difference = compare(test, baseline_test)
+    return [
+        f"Against the obvious alternative, {baseline['description']} fit on the same "
+        f"{baseline['train_reviews']} training reviews in {baseline['fit_seconds']:.1f} s:",
+        "",
+        "| model | test accuracy | test macro-F1 |",
+        "| --- | --- | --- |",
+        f"| this model | {test['accuracy']:.3f} | {test['macro_f1']:.3f} |",
+        f"| TF-IDF baseline | {baseline_test['accuracy']:.3f} | {baseline_test['macro_f1']:.3f} |",
+        f"| difference | {difference['accuracy']:+.3f} | {difference['macro_f1']:+.3f} |",
+        "",
+    ]
 
 
 def _pictures(folder: Path) -> list[str]:

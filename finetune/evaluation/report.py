@@ -136,8 +136,12 @@ def write_run_report(
     recipe: str | None,
     train_metrics: dict[str, Any],
     test_report: dict[str, Any] | None = None,
+    baseline: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``report/`` in ``output_dir``: the training pictures, ``history.csv`` and ``metrics.json``.
+
+    ``baseline`` is the TF-IDF baseline's result (``BaselineResult.to_dict()``); with a
+    test report it adds ``vs_baseline``, this model minus the baseline on test.
 
     Returns the report folder.
     """
@@ -193,10 +197,21 @@ def write_run_report(
         "train": train_metrics,
         "last_evaluation": evaluation_rows[-1] if evaluation_rows else None,
         "test": test_report,
+        "baseline": baseline,
+        "vs_baseline": _versus_baseline(test_report, baseline),
         "pictures": pictures,
     }
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n", encoding="utf-8")
     return folder
+
+
+def _versus_baseline(test_report: dict[str, Any] | None, baseline: dict[str, Any] | None) -> dict[str, float] | None:
+    from .baseline import compare
+
+    baseline_test = (baseline or {}).get("scores", {}).get("test")
+    if test_report is None or baseline_test is None:
+        return None
+    return compare(test_report, baseline_test)
 
 
 def _loss_interval(args: TrainingArguments, state: TrainerState, update_rows: Sequence[dict[str, Any]]) -> str:

@@ -1,0 +1,43 @@
+"""``finetune baseline``: the TF-IDF + logistic-regression baseline alone, on a recipe's data."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import FinetuneError
+
+
+def baseline(recipe: str | None, overrides: list[str] | None = None, output: str | None = None) -> dict[str, Any]:
+    """Fit the baseline on the recipe's train split, score it on validation and test, print a table.
+
+    ``overrides`` are recipe flags (``--max_train_samples 2000``); ``output``
+    also saves the result as JSON. Returns the result as a dict.
+    """
+    from ..config.recipes import load_recipe
+    from ..data.splits import load_review_data
+    from ..evaluation.baseline import run_baseline
+
+    run = load_recipe(recipe, overrides)
+    if output and Path(output).is_dir():
+        raise FinetuneError(f"--output {output} is a folder; give a file name such as baseline.json")
+    data = load_review_data(run.data, seed=run.training.seed)
+    print("\n".join(data.report.summary_lines()), file=sys.stderr)
+    splits = data.splits
+    to_score = {split: (splits[split]["text"], splits[split]["labels"]) for split in splits if split != "train"}
+    result = run_baseline(
+        splits["train"]["text"], splits["train"]["labels"], to_score, data.label_names, seed=run.training.seed
+    )
+
+    print(f"{result.description}: fit on {result.train_reviews} reviews, {result.features:,} features")
+    print("| split | reviews | accuracy | macro-F1 |")
+    print("| --- | --- | --- | --- |")
+    for split, scores in result.scores.items():
+        print(f"| {split} | {scores['num_samples']} | {scores['accuracy']:.4f} | {scores['macro_f1']:.4f} |")
+    print(f"fit in {result.fit_seconds:.1f} s" + (f"; {result.note}" if result.note else ""), file=sys.stderr)
+    if output:
+        Path(output).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+        print(f"saved to {output}", file=sys.stderr)
+    return result.to_dict()
