@@ -18,6 +18,7 @@ from finetune.config.arguments import DataArguments
 from finetune.config.recipes import load_recipe
 from finetune.data.catalog import CATALOG
 from finetune.data.cleaning import clean_texts
+from finetune.data.encoding import ReviewEncoding
 from finetune.data.splits import EMPTY_TEXT, MISSING_LABEL, OUTSIDE_BINS, load_review_data, tokenize_splits
 
 PROJECT = Path(__file__).parent.parent
@@ -235,21 +236,61 @@ def test_bad_rows_are_dropped_and_counted(tmp_path):
 # ------------------------------------------------------------ tokenizing
 
 
-def test_truncation_side_and_truncated_share(tokenizer, tmp_path):
-    from transformers import AutoTokenizer
-
+def test_truncation_side_and_truncated_counts(tokenizer, tmp_path):
     rows = [{"review": "one two three four five six seven eight nine ten", "label": "x"}] + [
         {"review": "short", "label": "x"}
     ] * 3
     train = write_rows(tmp_path / "train.csv", rows)
     data = load_review_data(DataArguments(train_file=str(train), validation_file=str(train), text_column="review"))
-    for side, kept in (("right", "one two three four"), ("left", "seven eight nine ten")):
-        side_tokenizer = AutoTokenizer.from_pretrained(tokenizer.name_or_path, truncation_side=side)
-        encoded, truncated_share = tokenize_splits(data.splits, side_tokenizer, max_length=6)
-        assert truncated_share == {"train": 0.25, "validation": 0.25}
+    for side, head_tokens, kept in (
+        ("right", None, "one two three four"),
+        ("left", None, "seven eight nine ten"),
+        ("head_tail", None, "one eight nine ten"),  # a quarter of the 4 tokens of room from the start
+        ("head_tail", 2, "one two nine ten"),
+        ("head_tail", 0, "seven eight nine ten"),
+    ):
+        encoding = ReviewEncoding(max_length=6, truncation_side=side, head_tokens=head_tokens)
+        encoded, truncated = tokenize_splits(data.splits, tokenizer, encoding)
+        assert truncated == {"train": 1, "validation": 1}
         first = encoded["train"][0]
-        assert first["length"] == 6
-        assert side_tokenizer.decode(first["input_ids"], skip_special_tokens=True) == kept
+        assert first["length"] == 6 and len(first["input_ids"]) == 6
+        assert first["input_ids"][0] == tokenizer.cls_token_id and first["input_ids"][-1] == tokenizer.sep_token_id
+        assert tokenizer.decode(first["input_ids"], skip_special_tokens=True) == kept
+        # A review that fits is encoded exactly as the tokenizer encodes it, whatever the side.
+        assert encoded["train"][1]["input_ids"] == tokenizer("short")["input_ids"]
+    data.report.count_truncated(truncated, encoding)
+    assert "longer than max_length 6 (cut: head_tail): train 1 (25.0%), validation 1 (25.0%)" in "\n".join(
+        data.report.summary_lines()
+    )
+
+
+def test_head_tail_keeps_both_ends_of_a_long_review(tokenizer):
+    from finetune.data.encoding import encode_reviews
+
+    words = [f"w{index}" for index in range(600)]
+    review = " ".join(["opening", *words, "verdict"])
+    encoding = ReviewEncoding(max_length=64, truncation_side="head_tail", head_tokens=16)
+    rows = encode_reviews(tokenizer, [review], encoding)
+    ids = rows["input_ids"][0]
+    assert len(ids) == 64 and rows["truncated"] == [True]
+    whole = tokenizer(review, add_special_tokens=False, verbose=False)["input_ids"]
+    assert ids[1:17] == whole[:16] and ids[17:-1] == whole[-46:]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    assert text.startswith("opening") and text.endswith("verdict")
+
+
+def test_windows_cover_a_long_review_and_leave_a_short_one_whole(tokenizer):
+    from finetune.data.encoding import encode_windows
+
+    whole = tokenizer(" ".join(f"w{index}" for index in range(100)), add_special_tokens=False)["input_ids"]
+    encoding = ReviewEncoding(max_length=34, sliding_window=True, window_stride=8)  # 32 tokens of room, step 24
+    rows, owners = encode_windows(tokenizer, [tokenizer.decode(whole), "short"], encoding)
+    first_review = [ids[1:-1] for ids, owner in zip(rows["input_ids"], owners) if owner == 0]
+    assert all(len(ids) <= 32 for ids in first_review)
+    assert [ids[:8] for ids in first_review[1:]] == [ids[-8:] for ids in first_review[:-1]]  # overlaps
+    covered = first_review[0] + [token for ids in first_review[1:] for token in ids[8:]]
+    assert covered == whole
+    assert owners.count(1) == 1 and rows["input_ids"][owners.index(1)] == tokenizer("short")["input_ids"]
 
 
 # ------------------------------------------------------------ real data

@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ def bench(
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from ..config.recipes import load_recipe
+    from ..data.encoding import ReviewEncoding
     from ..data.sources import progress_bars
     from ..data.splits import load_review_data, tokenize_splits
     from ..training.modeling import load_tokenizer, resolve_model_path
@@ -64,7 +66,7 @@ def bench(
     # The same samples for every system, tokenized once.
     data = load_review_data(run.data, seed=args.seed)
     tokenizer = load_tokenizer(run.model, run.data.truncation_side)
-    encoded, _ = tokenize_splits(data.splits, tokenizer, run.data.max_length)
+    encoded, _ = tokenize_splits(data.splits, tokenizer, ReviewEncoding.from_fields(asdict(run.data)))
     # The model's shape for the FLOP count; built from its config, since no weights are needed here.
     config = AutoConfig.from_pretrained(
         resolve_model_path(run.model.model_name_or_path), num_labels=len(data.label_names)

@@ -8,6 +8,7 @@ the same number of updates, and reports what it saw through a queue.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import sys
@@ -221,6 +222,7 @@ def _inference(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     import torch
     from transformers import DataCollatorWithPadding
 
+    from ..data.encoding import ReviewEncoding
     from ..evaluation.inference import predict_probabilities
 
     run, tokenizer, model, samples = _load(spec)
@@ -229,7 +231,9 @@ def _inference(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     max_length = run.data.max_length
 
     started = time.perf_counter()
-    ours = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, max_length=max_length)
+    # Cut, not windowed: the naive loop below reads each review once too.
+    encoding = dataclasses.replace(ReviewEncoding.from_fields(dataclasses.asdict(run.data)), sliding_window=False)
+    ours = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, encoding=encoding)
     ours_seconds = time.perf_counter() - started
     queue.put(("progress", 1))
 

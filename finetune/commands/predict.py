@@ -29,6 +29,7 @@ def predict(
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from ..data.encoding import ReviewEncoding
     from ..evaluation.inference import predict_probabilities
     from ..training.runs import find_run_config, require_model_folder
 
@@ -45,8 +46,8 @@ def predict(
 
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    max_length = int(data_fields.get("max_length", 256))
-    probabilities = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, max_length=max_length)
+    encoding = ReviewEncoding.from_fields(data_fields)
+    probabilities = predict_probabilities(model, tokenizer, texts, batch_size, encoding)
 
     label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
     results = []

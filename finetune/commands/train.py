@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     from transformers import DataCollatorWithPadding, set_seed
 
     from ..config.recipes import load_recipe
+    from ..data.encoding import ReviewEncoding
     from ..data.splits import load_review_data, tokenize_splits
     from ..evaluation.metrics import build_compute_metrics, classification_report
     from ..evaluation.model_card import write_model_card
@@ -55,10 +57,15 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
         data = load_review_data(run.data, seed=args.seed)
         label_names = data.label_names
         tokenizer = load_tokenizer(run.model, run.data.truncation_side)
-        encoded, data.report.truncated_share = tokenize_splits(data.splits, tokenizer, run.data.max_length)
-    data.report.max_length = run.data.max_length
+        encoding = ReviewEncoding.from_fields(asdict(run.data))
+        encoded, truncated = tokenize_splits(data.splits, tokenizer, encoding)
+    data.report.count_truncated(truncated, encoding)
     if args.should_log:
         print("\n".join(data.report.summary_lines()), file=sys.stderr)
+
+    # Baseline: the obvious alternative, fit on the same train split in seconds, so every
+    # figure this run prints can be read against it.
+    baseline = _fit_baseline(data, args.seed) if args.baseline and main_process else None
 
     # Model: the pretrained encoder with a new head for these classes. Seeded first,
     # so the head's random initialisation (and so the whole run) repeats with the seed.
@@ -77,7 +84,7 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(label_names),
-        callbacks=[update_recorder, stopper, *(callbacks or [])],
+        callbacks=[update_recorder, stopper, *_early_stopping(args), *(callbacks or [])],
     )
     if trainer.class_weights is not None and args.should_log:
         weights = ", ".join(f"{name} {weight:.3f}" for name, weight in zip(label_names, trainer.class_weights.tolist()))
@@ -101,6 +108,8 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     trainer.save_state()
     metrics: dict[str, Any] = {**result.metrics, "train_wall_seconds": train_seconds}
     trainer.save_metrics("train", metrics)
+    if baseline is not None:
+        metrics["baseline"] = baseline.to_dict()
 
     # Evaluate on the test split with the model that training ended with (the best, if asked).
     report = None
@@ -122,8 +131,9 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
             trainer.state,
             update_recorder.updates,
             recipe,
-            train_metrics={key: value for key, value in metrics.items() if key != "test"},
+            train_metrics={key: value for key, value in metrics.items() if key not in ("test", "baseline")},
             test_report=report,
+            baseline=metrics.get("baseline"),
         )
         card = write_model_card(args.output_dir)
         _print_summary(args.output_dir, metrics, train_seconds)
@@ -171,12 +181,44 @@ def _check_integrations(report_to: list[str]) -> None:
         )
 
 
+def _early_stopping(args: Any) -> list[Any]:
+    """Trainer's ``EarlyStoppingCallback`` when the recipe asks for it."""
+    if args.early_stopping_patience is None:
+        return []
+    from transformers import EarlyStoppingCallback
+
+    return [EarlyStoppingCallback(args.early_stopping_patience, args.early_stopping_threshold)]
+
+
+def _fit_baseline(data: Any, seed: int) -> Any:
+    """Fit the TF-IDF baseline on the train split, score it on validation and test, and say so."""
+    from ..evaluation.baseline import run_baseline
+
+    splits = data.splits
+    to_score = {
+        split: (splits[split]["text"], splits[split]["labels"]) for split in ("validation", "test") if split in splits
+    }
+    result = run_baseline(splits["train"]["text"], splits["train"]["labels"], to_score, data.label_names, seed=seed)
+    scores = ", ".join(
+        f"{split} accuracy {score['accuracy']:.3f}, macro-F1 {score['macro_f1']:.3f}"
+        for split, score in result.scores.items()
+    )
+    note = f"; {result.note}" if result.note else ""
+    print(f"baseline (TF-IDF + logistic regression, {result.fit_seconds:.1f}s): {scores}{note}", file=sys.stderr)
+    return result
+
+
 def _print_summary(output_dir: str, metrics: dict[str, Any], train_seconds: float) -> None:
+    from ..evaluation.baseline import describe_comparison
+
     line = f"trained in {train_seconds:.0f}s, {metrics['train_samples_per_second']:.1f} samples/s"
     if "test" in metrics:
         test = metrics["test"]
         line += (
             f"; test accuracy {test['accuracy']:.3f}, macro-F1 {test['macro_f1']:.3f} ({test['num_samples']} reviews)"
         )
+        baseline_test = (metrics.get("baseline") or {}).get("scores", {}).get("test")
+        if baseline_test:
+            line += f"; {describe_comparison(test, baseline_test)}"
     print(line, file=sys.stderr)
     print(f"model saved to {output_dir}", file=sys.stderr)

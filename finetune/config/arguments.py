@@ -91,9 +91,31 @@ class DataArguments:
         },
     )
     max_length: int = field(default=256, metadata={"help": "Reviews longer than this many tokens are truncated."})
-    truncation_side: Literal["right", "left"] = field(
+    truncation_side: Literal["right", "left", "head_tail"] = field(
         default="right",
-        metadata={"help": "Which end of a long review to cut: 'right' keeps the opening, 'left' the conclusion."},
+        metadata={
+            "help": (
+                "How to cut a review longer than max_length: 'right' keeps the opening, 'left' the conclusion, "
+                "'head_tail' the first head_tokens and the end (best on long reviews in Sun et al. 2019)."
+            )
+        },
+    )
+    head_tokens: int | None = field(
+        default=None,
+        metadata={"help": "With truncation_side head_tail: tokens kept from the start (default: a quarter)."},
+    )
+    sliding_window: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Score and predict long reviews in overlapping max_length windows, averaging their logits, "
+                "instead of cutting them (test scoring, evaluate and predict)."
+            )
+        },
+    )
+    window_stride: int = field(
+        default=64,
+        metadata={"help": "With sliding_window: tokens each window shares with the next."},
     )
     clean_text: bool = field(
         default=True,
@@ -134,8 +156,19 @@ class DataArguments:
                     "class_names and label_bins disagree; drop class_names, the bins already name the classes"
                 )
             self.class_names = list(self.label_bins)
-        if self.max_length < 1:
-            raise FinetuneError(f"max_length must be >= 1 (got {self.max_length}); try --max_length 256")
+        if self.max_length < 3:
+            raise FinetuneError(f"max_length must be >= 3 (got {self.max_length}); try --max_length 256")
+        room = self.max_length - 2  # [CLS] and [SEP]
+        if self.head_tokens is not None and not 0 <= self.head_tokens <= room:
+            raise FinetuneError(
+                f"head_tokens must be between 0 and max_length - 2 = {room} (got {self.head_tokens}); "
+                f"try --head_tokens {room // 4}"
+            )
+        if self.sliding_window and not 0 <= self.window_stride < room:
+            raise FinetuneError(
+                f"window_stride must be >= 0 and below max_length - 2 = {room} (got {self.window_stride}); "
+                f"try --window_stride {room // 4}"
+            )
         for name in ("validation_split_percentage", "test_split_percentage"):
             value = getattr(self, name)
             if value is not None and not 0 < value < 100:
@@ -177,10 +210,71 @@ class FinetuneTrainingArguments(TrainingArguments):
         },
     )
 
+    layerwise_lr_decay: float = field(
+        default=1.0,
+        metadata={
+            "help": (
+                "Layer-wise learning-rate decay: the head learns at learning_rate, each encoder layer below it "
+                "at this factor times the one above (e.g. 0.9); 1.0 turns it off."
+            )
+        },
+    )
+    head_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Learning rate of the classification head (pooler + classifier); default learning_rate."},
+    )
+    freeze_encoder_updates: int = field(
+        default=0,
+        metadata={
+            "help": (
+                "Head warm-up: for this many updates at the start only the head learns (the encoder is frozen), "
+                "then everything is fine-tuned."
+            )
+        },
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Stop when metric_for_best_model has not improved for this many evaluations "
+                "(needs load_best_model_at_end and an eval_strategy)."
+            )
+        },
+    )
+    early_stopping_threshold: float = field(
+        default=0.0,
+        metadata={"help": "With early_stopping_patience: the least improvement that counts."},
+    )
+    baseline: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "Also fit a TF-IDF + logistic-regression baseline on the train split (seconds) and report "
+                "the model's test scores against it."
+            )
+        },
+    )
+
     def __post_init__(self) -> None:
         # Checked before the parent's __post_init__, which derives batch sizes from it.
         validate_accumulation_steps(self.gradient_accumulation_steps)
         super().__post_init__()
+        if not 0.0 < self.layerwise_lr_decay <= 1.0:
+            raise FinetuneError(
+                f"layerwise_lr_decay must be in (0, 1] (got {self.layerwise_lr_decay}); try 0.9, or 1.0 to turn it off"
+            )
+        if self.freeze_encoder_updates < 0:
+            raise FinetuneError(
+                f"freeze_encoder_updates must be >= 0 (got {self.freeze_encoder_updates}); try 20, or 0 for none"
+            )
+        if self.early_stopping_patience is not None:
+            if self.early_stopping_patience < 1:
+                raise FinetuneError(f"early_stopping_patience must be >= 1 (got {self.early_stopping_patience}); try 3")
+            if not self.load_best_model_at_end or self.eval_strategy == "no":
+                raise FinetuneError(
+                    "early_stopping_patience needs an eval_strategy (e.g. epoch) and load_best_model_at_end: true, "
+                    "so the best model is the one kept; set both in the recipe"
+                )
 
 
 def validate_accumulation_steps(value: Any) -> int:

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from ..config.arguments import DataArguments
 from ..errors import FinetuneError
 from .cleaning import clean_texts
+from .encoding import ReviewEncoding, encode_reviews
 from .sources import ROWS_WORTH_A_BAR, RawSplits, progress_bars, read_files, read_sources
 
 # Why a row is dropped, and how a message names it.
@@ -40,8 +41,19 @@ class DataReport:
     dropped: dict[str, dict[str, int]] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)  # after dropping and hold-out splits
     class_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    truncated: dict[str, int] = field(default_factory=dict)  # reviews longer than max_length, per split
     truncated_share: dict[str, float] = field(default_factory=dict)
     max_length: int | None = None
+    truncation_side: str | None = None
+
+    def count_truncated(self, truncated: dict[str, int], encoding: ReviewEncoding) -> None:
+        """Record how many reviews of each split were longer than ``max_length`` and how they were cut."""
+        self.truncated = dict(truncated)
+        self.truncated_share = {
+            split: count / self.rows[split] if self.rows.get(split) else 0.0 for split, count in truncated.items()
+        }
+        self.max_length = encoding.max_length
+        self.truncation_side = encoding.truncation_side
 
     def summary_lines(self) -> list[str]:
         """Human-readable lines for the console."""
@@ -54,8 +66,10 @@ class DataReport:
             )
         lines.append("  rows: " + ", ".join(f"{split} {count}" for split, count in self.rows.items()))
         if self.truncated_share:
-            shares = ", ".join(f"{split} {share:.1%}" for split, share in self.truncated_share.items())
-            lines.append(f"  truncated at max_length {self.max_length}: {shares}")
+            shares = ", ".join(
+                f"{split} {self.truncated.get(split, 0)} ({share:.1%})" for split, share in self.truncated_share.items()
+            )
+            lines.append(f"  longer than max_length {self.max_length} (cut: {self.truncation_side}): {shares}")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,31 +157,23 @@ def resolve_label_names(train: datasets.Dataset, origin: str, data_args: DataArg
 
 
 def tokenize_splits(
-    splits: datasets.DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int
-) -> tuple[datasets.DatasetDict, dict[str, float]]:
-    """Tokenize every split without padding, and measure the share of reviews cut at ``max_length``.
+    splits: datasets.DatasetDict, tokenizer: PreTrainedTokenizerBase, encoding: ReviewEncoding
+) -> tuple[datasets.DatasetDict, dict[str, int]]:
+    """Tokenize every split without padding, and count the reviews longer than ``max_length`` (cut) per split.
 
     The collator pads each batch to its own longest review. A ``length``
-    column is kept for ``train_sampling_strategy: group_by_length``. Which end
-    is cut follows ``tokenizer.truncation_side``. ``datasets`` caches the
-    result, so a second run on the same data skips this step.
+    column is kept for ``train_sampling_strategy: group_by_length``. Long
+    reviews are cut as ``encoding.truncation_side`` says (see
+    ``data/encoding.py``). ``datasets`` caches the result, so a second run on
+    the same data skips this step.
     """
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)
-        encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
-        if encoded.encodings is not None:
-            # Fast tokenizers keep what truncation cut off; a non-empty remainder means cut.
-            encoded["truncated"] = [bool(encoding.overflowing) for encoding in encoded.encodings]
-        else:
-            encoded["truncated"] = [length >= max_length for length in encoded["length"]]
-        return encoded
+        return encode_reviews(tokenizer, batch["text"], encoding)
 
     encoded = splits.map(encode, batched=True, remove_columns=["text"], desc="Tokenizing")
-    truncated_share = {
-        split: (sum(rows["truncated"]) / len(rows) if len(rows) else 0.0) for split, rows in encoded.items()
-    }
-    return encoded.remove_columns("truncated"), truncated_share
+    truncated = {split: int(sum(rows["truncated"])) for split, rows in encoded.items()}
+    return encoded.remove_columns("truncated"), truncated
 
 
 # ----------------------------------------------------------------- internals

@@ -6,29 +6,51 @@ import numpy as np
 import torch
 from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
+
 
 def predict_probabilities(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     texts: list[str],
     batch_size: int = 32,
-    max_length: int = 256,
+    encoding: ReviewEncoding | None = None,
 ) -> np.ndarray:
     """Softmax probabilities, one row per text, in the order given.
 
-    Texts are sorted by length so each batch pads only to its own longest
-    review (padding is wasted compute), and run under ``inference_mode``.
+    Each text is encoded as ``encoding`` says (cut to ``max_length``, or with
+    ``sliding_window`` as overlapping windows whose logits are averaged).
+    Rows are sorted by length so each batch pads only to its own longest
+    (padding is wasted compute), and run under ``inference_mode``.
     """
+    encoding = encoding or ReviewEncoding()
+    if encoding.sliding_window:
+        rows, owners = encode_windows(tokenizer, texts, encoding)
+    else:
+        rows, owners = encode_reviews(tokenizer, texts, encoding), list(range(len(texts)))
+    logits = _logits(model, tokenizer, rows, batch_size)
+    # A review's logits are the mean of its windows' (one window: its own logits, unchanged).
+    summed = np.zeros((len(texts), logits.shape[1]), dtype=np.float64)
+    np.add.at(summed, owners, logits)
+    counts = np.bincount(owners, minlength=len(texts))[:, None]
+    review_logits = torch.from_numpy(summed / counts)
+    return torch.softmax(review_logits, dim=-1).numpy().astype(np.float32)
+
+
+def _logits(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: dict[str, list], batch_size: int
+) -> np.ndarray:
+    """The model's logits for every encoded row, in row order (float64)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
-    encoded = tokenizer(texts, truncation=True, max_length=max_length)
-    order = np.argsort([len(ids) for ids in encoded["input_ids"]], kind="stable")
+    inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in rows]
+    order = np.argsort([len(ids) for ids in rows["input_ids"]], kind="stable")
     collator = DataCollatorWithPadding(tokenizer)
-    probabilities = np.zeros((len(texts), model.config.num_labels), dtype=np.float32)
+    logits = np.zeros((len(rows["input_ids"]), model.config.num_labels), dtype=np.float64)
     with torch.inference_mode():
-        for start in range(0, len(texts), batch_size):
-            rows = order[start : start + batch_size]
-            batch = collator([{key: encoded[key][row] for key in encoded} for row in rows])
-            logits = model(**{key: value.to(device) for key, value in batch.items()}).logits
-            probabilities[rows] = torch.softmax(logits.float(), dim=-1).cpu().numpy()
-    return probabilities
+        for start in range(0, len(order), batch_size):
+            chosen = order[start : start + batch_size]
+            batch = collator([{name: rows[name][row] for name in inputs} for row in chosen])
+            output = model(**{name: value.to(device) for name, value in batch.items()}).logits
+            logits[chosen] = output.double().cpu().numpy()
+    return logits

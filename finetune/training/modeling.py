@@ -38,10 +38,11 @@ def load_tokenizer(model_args: ModelArguments, truncation_side: str = "right") -
     The side is saved with the tokenizer, so evaluate and predict cut the same end.
     """
     path = resolve_model_path(model_args.model_name_or_path)
+    # Tokenizers know only right and left; head_tail is cut by data/encoding.py, and a saved
+    # tokenizer (what pipeline() uses) keeps the opening.
+    side = "left" if truncation_side == "left" else "right"
     with _explain_loading_errors(model_args.model_name_or_path):
-        return AutoTokenizer.from_pretrained(
-            path, trust_remote_code=model_args.trust_remote_code, truncation_side=truncation_side
-        )
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=model_args.trust_remote_code, truncation_side=side)
 
 
 def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTrainedModel:

@@ -46,6 +46,7 @@ from .accumulation import (
 )
 from .checkpointing import CrashSafeCheckpoints
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
+from .layers import encoder_parameters, layerwise_parameter_groups
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 
@@ -123,6 +124,30 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             # Sorted groups span a global window (N x b x n samples), as one process's span its window.
             return SeedableLengthGroupedSampler(sampler.batch_size * self.args.world_size, sampler.lengths, seed)
         return sampler
+
+    # -------------------------------------------------------------- optimizer
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """Trainer's optimizer; with ``layerwise_lr_decay`` or ``head_learning_rate``, one group per layer depth."""
+        decay = getattr(self.args, "layerwise_lr_decay", 1.0)
+        head_learning_rate = getattr(self.args, "head_learning_rate", None)
+        if self.optimizer is not None or (decay == 1.0 and head_learning_rate is None):
+            return super().create_optimizer(model)
+        opt_model = self.model if model is None else model
+        groups = layerwise_parameter_groups(
+            opt_model,
+            self.args.learning_rate,
+            decay,
+            head_learning_rate,
+            self.args.weight_decay,
+            self.get_decay_parameter_names(opt_model),
+        )
+        if self.optimizer_cls_and_kwargs is not None:
+            optimizer_cls, optimizer_kwargs = self.optimizer_cls_and_kwargs
+        else:
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+        self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
 
     # ------------------------------------------------------------------ setup
 
@@ -368,6 +393,11 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         A non-finite loss or gradient skips the step (and the scheduler) and is counted;
         ``max_nonfinite_updates`` of them in a row stop the run.
         """
+        if self.state.global_step < getattr(self.args, "freeze_encoder_updates", 0):
+            # Head warm-up: the encoder's gradients are dropped, so the optimizer leaves it untouched
+            # (no step, no weight decay) and clipping sees the head's gradient alone.
+            for parameter in encoder_parameters(model):
+                parameter.grad = None
         grad_norm = self._clip_grad_norm(model) if self.args.max_grad_norm > 0 else self._get_grad_norm(model)
         grad_norm = float(grad_norm) if grad_norm is not None else None
         learning_rate = self._get_learning_rate()

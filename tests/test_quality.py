@@ -1,0 +1,193 @@
+"""What makes the models better than the obvious alternative: the baseline, long reviews, scoring in windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from finetune.data.encoding import ReviewEncoding, encode_windows
+from finetune.evaluation.baseline import TfidfBaseline, compare, run_baseline
+from finetune.evaluation.inference import predict_probabilities
+
+LABELS = ["negative", "positive"]
+
+
+# ------------------------------------------------------------- the baseline
+
+
+def test_baseline_learns_a_tiny_set_and_reports_what_it_scored():
+    train = ["awful broke refund", "terrible awful", "broke cracked refund", "great love perfect", "love it great"]
+    train += ["perfect great works"]
+    labels = [0, 0, 0, 1, 1, 1]
+    test = ["awful refund", "great perfect", "cracked broke", "love works"]
+    result = run_baseline(train, labels, {"test": (test, [0, 1, 0, 1])}, LABELS)
+    assert result.scores["test"]["accuracy"] == 1.0 and result.scores["test"]["macro_f1"] == 1.0
+    assert result.train_reviews == 6 and result.features > 0 and result.note is None
+    assert result.scores["test"]["confusion_matrix"] == [[2, 0], [0, 2]]
+
+
+def test_baseline_is_independent_of_a_hand_built_scikit_learn_pipeline():
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline, make_union
+
+    rng = np.random.default_rng(0)
+    words = ["good", "bad", "fine", "awful", "great", "meh", "works", "broke", "slow", "fast"]
+    texts = [" ".join(rng.choice(words, size=rng.integers(2, 9))) for _ in range(80)]
+    labels = [
+        int(sum(w in ("good", "great", "works", "fast", "fine") for w in t.split()) * 2 > len(t.split())) for t in texts
+    ]
+    reference = make_pipeline(
+        make_union(
+            TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),
+            TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, min_df=2),
+        ),
+        LogisticRegression(C=4, max_iter=3000, class_weight="balanced"),
+    ).fit(texts[:60], labels[:60])
+    ours = TfidfBaseline(2).fit(texts[:60], labels[:60])
+    np.testing.assert_allclose(ours.probabilities(texts[60:]), reference.predict_proba(texts[60:]), atol=1e-9)
+
+
+def test_baseline_gives_absent_classes_zero_probability():
+    baseline = TfidfBaseline(3).fit(["good", "bad", "good one", "bad one"], [0, 2, 0, 2])
+    probabilities = baseline.probabilities(["good"])
+    assert probabilities.shape == (1, 3) and probabilities[0, 1] == 0.0
+
+
+def test_comparison_is_model_minus_baseline():
+    assert compare({"accuracy": 0.8, "macro_f1": 0.6}, {"accuracy": 0.75, "macro_f1": 0.65}) == {
+        "accuracy": 0.05,
+        "macro_f1": -0.05,
+    }
+
+
+# ------------------------------------------------------ scoring in windows
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(tiny_model_dir).eval()
+
+
+def test_windows_equal_a_single_pass_on_short_reviews(tiny_model, tokenizer):
+    texts = ["great battery", "broke after a week and the refund took a month", "okay"]
+    single = predict_probabilities(tiny_model, tokenizer, texts, encoding=ReviewEncoding(max_length=32))
+    windowed = predict_probabilities(
+        tiny_model, tokenizer, texts, encoding=ReviewEncoding(max_length=32, sliding_window=True, window_stride=8)
+    )
+    np.testing.assert_array_equal(windowed, single)
+
+
+def test_a_long_review_scores_as_the_mean_of_its_windows_logits(tiny_model, tokenizer):
+    long_review = " ".join(["great battery lasted", "broke cracked refund", "okay"] * 30)
+    texts = ["short one", long_review]
+    encoding = ReviewEncoding(max_length=40, sliding_window=True, window_stride=10)
+    windowed = predict_probabilities(tiny_model, tokenizer, texts, batch_size=3, encoding=encoding)
+
+    # Reference: each window alone through the model, its logits averaged by hand.
+    rows, owners = encode_windows(tokenizer, texts, encoding)
+    assert owners.count(1) > 3
+    with torch.no_grad():
+        logits = [
+            tiny_model(**{name: torch.tensor([rows[name][index]]) for name in rows}).logits[0].double()
+            for index in range(len(owners))
+        ]
+    expected = [
+        torch.softmax(torch.stack([row for row, owner in zip(logits, owners) if owner == review]).mean(0), -1)
+        for review in (0, 1)
+    ]
+    np.testing.assert_allclose(windowed, torch.stack(expected).numpy(), rtol=1e-5, atol=1e-6)
+
+
+# -------------------------------------------- layer-wise rates, head warm-up
+
+
+@pytest.fixture
+def fresh_tiny_model(tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+
+
+def _trainer(model, tokenizer, tmp_path, **overrides):
+    from helpers import quiet_args, review_dataset
+    from transformers import DataCollatorWithPadding
+
+    from finetune import ReviewTrainer
+
+    values = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_train_epochs=1, weight_decay=0.01)
+    values.update(overrides)
+    return ReviewTrainer(
+        model=model,
+        args=quiet_args(tmp_path, **values),
+        train_dataset=review_dataset(tokenizer, 24),
+        data_collator=DataCollatorWithPadding(tokenizer),
+    )
+
+
+def test_layerwise_decay_gives_each_depth_its_rate(fresh_tiny_model, tokenizer, tmp_path):
+    trainer = _trainer(fresh_tiny_model, tokenizer, tmp_path, learning_rate=1e-3, layerwise_lr_decay=0.5)
+    optimizer = trainer.create_optimizer()
+    rate_of = {id(parameter): group["lr"] for group in optimizer.param_groups for parameter in group["params"]}
+    decay_of = {
+        id(parameter): group["weight_decay"] for group in optimizer.param_groups for parameter in group["params"]
+    }
+    named = dict(fresh_tiny_model.named_parameters())
+    # 2 layers: head 1e-3, layer 1 5e-4, layer 0 2.5e-4, embeddings 1.25e-4.
+    assert rate_of[id(named["classifier.weight"])] == pytest.approx(1e-3)
+    assert rate_of[id(named["bert.pooler.dense.weight"])] == pytest.approx(1e-3)
+    assert rate_of[id(named["bert.encoder.layer.1.output.dense.weight"])] == pytest.approx(5e-4)
+    assert rate_of[id(named["bert.encoder.layer.0.attention.self.query.weight"])] == pytest.approx(2.5e-4)
+    assert rate_of[id(named["bert.embeddings.word_embeddings.weight"])] == pytest.approx(1.25e-4)
+    assert decay_of[id(named["classifier.weight"])] == 0.01 and decay_of[id(named["classifier.bias"])] == 0.0
+    assert sum(len(group["params"]) for group in optimizer.param_groups) == len(named)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # the rate Trainer logs is the recipe's
+
+
+def test_head_learning_rate_alone(fresh_tiny_model, tokenizer, tmp_path):
+    trainer = _trainer(fresh_tiny_model, tokenizer, tmp_path, learning_rate=1e-4, head_learning_rate=1e-2)
+    optimizer = trainer.create_optimizer()
+    rates = {group["depth"]: group["lr"] for group in optimizer.param_groups}
+    assert rates == {3: pytest.approx(1e-2), 2: pytest.approx(1e-4), 1: pytest.approx(1e-4), 0: pytest.approx(1e-4)}
+
+
+def test_head_warm_up_leaves_the_encoder_untouched_then_trains_it(fresh_tiny_model, tokenizer, tmp_path):
+    from transformers import TrainerCallback
+
+    from finetune.training.layers import encoder_parameters, head_parameters
+
+    snapshots = []
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            snapshots.append(
+                (
+                    torch.cat([p.detach().flatten() for p in encoder_parameters(model)]).clone(),
+                    torch.cat([p.detach().flatten() for p in head_parameters(model)]).clone(),
+                )
+            )
+
+    start_encoder = torch.cat([p.detach().flatten() for p in encoder_parameters(fresh_tiny_model)]).clone()
+    start_head = torch.cat([p.detach().flatten() for p in head_parameters(fresh_tiny_model)]).clone()
+    trainer = _trainer(fresh_tiny_model, tokenizer, tmp_path, learning_rate=1e-2, freeze_encoder_updates=2)
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    assert len(snapshots) == 3  # 24 reviews, 4 x 2 per update
+    for encoder, head in snapshots[:2]:
+        assert torch.equal(encoder, start_encoder)
+        assert not torch.equal(head, start_head)
+    assert not torch.equal(snapshots[2][0], start_encoder)
+
+
+def test_early_stopping_needs_the_best_model_kept(tmp_path):
+    from helpers import quiet_args
+
+    from finetune import FinetuneError
+
+    with pytest.raises(FinetuneError, match="early_stopping_patience needs an eval_strategy"):
+        quiet_args(tmp_path, early_stopping_patience=2)
+    with pytest.raises(FinetuneError, match="layerwise_lr_decay must be in"):
+        quiet_args(tmp_path, layerwise_lr_decay=1.5)
