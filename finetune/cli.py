@@ -3,6 +3,7 @@
 | subcommand | function |
 | --- | --- |
 | ``train RECIPE [--field value ...]`` | :func:`finetune.commands.train.train` |
+| ``train RECIPE --seeds N [--field value ...]`` | :func:`finetune.commands.seeds.train_seeds` |
 | ``evaluate PATH [--data FILE]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
@@ -28,7 +29,15 @@ def _train(options: argparse.Namespace, extra: list[str]) -> None:
     if options.recipe in ("-h", "--help") or "-h" in extra or "--help" in extra:
         from .config.recipes import build_parser
 
+        print("usage: finetune train RECIPE [--seeds N] [--field value ...]\n")
+        print("  --seeds N  train once per seed (seed, seed+1, ...) into OUTPUT_DIR/seed-<seed>;")
+        print("             report the mean and standard deviation of the test scores\n")
         build_parser().print_help()
+        return
+    if options.seeds is not None:
+        from .commands.seeds import train_seeds
+
+        train_seeds(options.recipe, extra, options.seeds)
         return
     from .commands.train import train
 
@@ -113,6 +122,7 @@ def build_cli() -> argparse.ArgumentParser:
         add_help=False,
     )
     train.add_argument("recipe", nargs="?", help="a recipe YAML file, e.g. recipes/quickstart.yaml")
+    train.add_argument("--seeds", type=int, help="train once per seed and report mean and standard deviation")
     train.set_defaults(handler=_train)
 
     evaluate = commands.add_parser("evaluate", help="score a model folder or every checkpoint of a run")

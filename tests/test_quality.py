@@ -191,3 +191,36 @@ def test_early_stopping_needs_the_best_model_kept(tmp_path):
         quiet_args(tmp_path, early_stopping_patience=2)
     with pytest.raises(FinetuneError, match="layerwise_lr_decay must be in"):
         quiet_args(tmp_path, layerwise_lr_decay=1.5)
+
+
+# ------------------------------------------------------------------ seeds
+
+
+def test_seeds_train_once_per_seed_and_summarise(tmp_path, tiny_model_dir, capsys):
+    import json
+    import statistics
+
+    from helpers import tiny_recipe
+
+    from finetune.cli import main
+
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "runs", num_train_epochs=1, seed=7)
+    flags = ["--max_train_samples", "64", "--max_test_samples", "40", "--save_strategy", "no"]
+    flags += ["--load_best_model_at_end", "false"]
+    assert main(["train", str(recipe), "--seeds", "2", *flags]) == 0
+    summary = json.loads((tmp_path / "runs" / "seeds.json").read_text())
+    assert summary["seeds"] == [7, 8]
+    accuracies = []
+    for seed in (7, 8):
+        report = json.loads((tmp_path / "runs" / f"seed-{seed}" / "test_report.json").read_text())
+        run = json.loads((tmp_path / "runs" / f"seed-{seed}" / "finetune_run.json").read_text())
+        assert run["seed"] == seed
+        accuracies.append(report["accuracy"])
+    assert [entry["test accuracy"] for entry in summary["runs"]] == accuracies
+    assert summary["mean"]["test accuracy"] == pytest.approx(statistics.fmean(accuracies))
+    assert summary["sd"]["test accuracy"] == pytest.approx(statistics.stdev(accuracies))
+    assert summary["mean"]["baseline accuracy"] is not None
+    table = (tmp_path / "runs" / "seeds.md").read_text()
+    assert "| mean ± sd |" in table and table in capsys.readouterr().out
+    # A second time the summary is not overwritten without the flag.
+    assert main(["train", str(recipe), "--seeds", "2", *flags]) == 2

@@ -24,6 +24,7 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     from ..config.recipes import load_recipe
     from ..data.encoding import ReviewEncoding
     from ..data.splits import load_review_data, tokenize_splits
+    from ..evaluation.inference import predict_probabilities
     from ..evaluation.metrics import build_compute_metrics, classification_report
     from ..evaluation.model_card import write_model_card
     from ..evaluation.report import UpdateRecorder, write_run_report
@@ -114,8 +115,16 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     # Evaluate on the test split with the model that training ended with (the best, if asked).
     report = None
     if "test" in encoded:
-        prediction = trainer.predict(encoded["test"], metric_key_prefix="test")
-        report = classification_report(prediction.predictions.argmax(-1), prediction.label_ids, label_names)
+        if encoding.sliding_window:
+            # Long reviews read in overlapping windows, as evaluate and predict will read them.
+            predicted = predict_probabilities(
+                trainer.model, tokenizer, data.splits["test"]["text"], args.per_device_eval_batch_size, encoding
+            ).argmax(-1)
+            references = data.splits["test"]["labels"]
+        else:
+            prediction = trainer.predict(encoded["test"], metric_key_prefix="test")
+            predicted, references = prediction.predictions.argmax(-1), prediction.label_ids
+        report = classification_report(predicted, references, label_names)
         metrics["test"] = report
         trainer.save_metrics("test", {"test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"]})
         if trainer.is_world_process_zero():
