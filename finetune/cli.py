@@ -6,6 +6,7 @@
 | ``train RECIPE --seeds N [--field value ...]`` | :func:`finetune.commands.seeds.train_seeds` |
 | ``evaluate PATH [--data FILE]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
+| ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
@@ -54,6 +55,12 @@ def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
         batch_size=options.batch_size,
         baseline=not options.no_baseline,
     )
+
+
+def _tune(options: argparse.Namespace, extra: list[str]) -> None:
+    from .commands.tune import tune
+
+    tune(options.recipe, extra, trials=options.trials, output=options.output)
 
 
 def _baseline(options: argparse.Namespace, extra: list[str]) -> None:
@@ -142,6 +149,16 @@ def build_cli() -> argparse.ArgumentParser:
     baseline.add_argument("--output", help="also save the result as JSON here")
     baseline.set_defaults(handler=_baseline)
 
+    tune = commands.add_parser(
+        "tune",
+        help="search learning rate, epochs, warmup, weight decay and n_accumulate with Optuna (resumable)",
+        description="Recipe fields can be overridden after the options, e.g. --max_train_samples 2000.",
+    )
+    tune.add_argument("recipe", help="a recipe YAML file, e.g. recipes/drugscom.yaml")
+    tune.add_argument("--trials", type=int, default=10, help="trials in all, finished ones included (default: 10)")
+    tune.add_argument("--output", metavar="DIR", help="where the trials go (default: runs/<recipe>-tune)")
+    tune.set_defaults(handler=_tune)
+
     predict = commands.add_parser("predict", help="label reviews from a CSV/JSONL file or stdin")
     predict.add_argument("model", help="a model folder (a run's output_dir or a checkpoint)")
     predict.add_argument("--input", help="CSV, TSV or JSONL with a text column; omit or '-' for one review per line")
@@ -187,8 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         options, extra = build_cli().parse_known_args(argv)
-        # train, bench and baseline pass unknown flags on as recipe overrides.
-        if options.command not in ("train", "bench", "baseline") and extra:
+        # train, bench, baseline and tune pass unknown flags on as recipe overrides.
+        if options.command not in ("train", "bench", "baseline", "tune") and extra:
             command = " ".join(filter(None, (options.command, getattr(options, "data_command", None))))
             raise FinetuneError(f"unrecognized arguments: {' '.join(extra)}; see 'finetune {command} --help'")
         _quiet_libraries()

@@ -224,3 +224,33 @@ def test_seeds_train_once_per_seed_and_summarise(tmp_path, tiny_model_dir, capsy
     assert "| mean ± sd |" in table and table in capsys.readouterr().out
     # A second time the summary is not overwritten without the flag.
     assert main(["train", str(recipe), "--seeds", "2", *flags]) == 2
+
+
+# ------------------------------------------------------------------- tune
+
+
+def test_tune_runs_trials_and_writes_a_loadable_recipe(tmp_path, tiny_model_dir, monkeypatch):
+    pytest.importorskip("optuna")
+    import csv
+
+    from helpers import tiny_recipe
+
+    from finetune.cli import main
+    from finetune.config.recipes import load_recipe
+
+    monkeypatch.chdir(tmp_path)
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "run", num_train_epochs=1)
+    flags = ["--max_train_samples", "48", "--max_eval_samples", "24"]
+    assert main(["tune", str(recipe), "--trials", "2", "--output", "search", *flags]) == 0
+    rows = list(csv.DictReader((tmp_path / "search" / "trials.csv").read_text().splitlines()))
+    assert [row["state"] for row in rows] == ["complete", "complete"]
+    assert all(0.0 <= float(row["validation_macro_f1"]) <= 1.0 for row in rows)
+    best = load_recipe(str(tmp_path / "search" / "best_recipe.yaml"))
+    best_row = max(rows, key=lambda row: float(row["validation_macro_f1"]))
+    assert best.training.learning_rate == pytest.approx(float(best_row["learning_rate"]))
+    assert best.training.gradient_accumulation_steps == int(best_row["gradient_accumulation_steps"])
+    assert best.data.max_train_samples is None  # the recipe's own values, not the search's flags
+
+    # Asked for 3 in all, a second call runs only the one still missing.
+    assert main(["tune", str(recipe), "--trials", "3", "--output", "search", *flags]) == 0
+    assert len(list(csv.DictReader((tmp_path / "search" / "trials.csv").read_text().splitlines()))) == 3

@@ -1,0 +1,246 @@
+"""``finetune tune RECIPE --trials N``: search a recipe's hyper-parameters with Optuna, through ReviewTrainer.
+
+Each trial trains the recipe's model from the same seed with other values of
+``learning_rate``, ``num_train_epochs``, ``warmup_steps`` (a ratio),
+``weight_decay`` and ``gradient_accumulation_steps`` (n_accumulate), through
+``Trainer.hyperparameter_search`` (Optuna's TPE sampler, seeded with the
+recipe's seed; its median pruner stops a trial whose validation score lags the
+others' at the same update). The objective is the trial's best validation
+macro-F1, the model ``load_best_model_at_end`` would keep. Trials save no
+checkpoints.
+
+Everything lands in ``OUTPUT`` (default ``runs/<recipe>-tune``):
+``trials.journal`` (Optuna's log: a stopped search resumes from it with the
+same command, keeping every finished trial), ``trials.csv`` / ``trials.md``
+(one row per trial) and ``best_recipe.yaml`` (the recipe with the best
+trial's values, ready for ``finetune train``).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import TrainerCallback
+
+from ..errors import FinetuneError
+
+STUDY_NAME = "finetune-tune"
+JOURNAL = "trials.journal"
+BEST_RECIPE = "best_recipe.yaml"
+OBJECTIVE = "eval_macro_f1"
+
+
+def search_space(trial: Any, recipe_epochs: float) -> dict[str, Any]:
+    """The values one trial tries. Epochs range from half to twice the recipe's."""
+    low_epochs = max(1, math.floor(recipe_epochs / 2))
+    return {
+        "learning_rate": trial.suggest_float("learning_rate", 1e-5, 2e-4, log=True),
+        "num_train_epochs": trial.suggest_int(
+            "num_train_epochs", low_epochs, max(low_epochs + 1, round(recipe_epochs * 2))
+        ),
+        "warmup_steps": trial.suggest_float("warmup_steps", 0.0, 0.2),
+        "weight_decay": trial.suggest_float("weight_decay", 0.0, 0.1),
+        "gradient_accumulation_steps": trial.suggest_categorical("gradient_accumulation_steps", [1, 2, 4]),
+    }
+
+
+def tune(
+    recipe: str, overrides: list[str] | None = None, trials: int = 10, output: str | None = None
+) -> dict[str, Any]:
+    """Run (or resume) the search; returns the best trial's number, objective and values."""
+    try:
+        import optuna
+    except ImportError:
+        raise FinetuneError("finetune tune needs Optuna, which is not installed; pip install optuna (or '.[tune]')")
+    from transformers import DataCollatorWithPadding
+
+    from ..config.recipes import load_recipe
+    from ..data.encoding import ReviewEncoding
+    from ..data.splits import load_review_data, tokenize_splits
+    from ..evaluation.metrics import build_compute_metrics
+    from ..training.modeling import load_classifier, load_tokenizer
+    from ..training.trainer import ReviewTrainer
+
+    if trials < 1:
+        raise FinetuneError(f"--trials must be >= 1 (got {trials}); e.g. --trials 10")
+    run = load_recipe(recipe, overrides)
+    args = run.training
+    # Trainer writes each trial's values into args; the space is sized on the recipe's own epochs.
+    recipe_epochs = args.num_train_epochs
+    folder = Path(output) if output else Path("runs") / f"{Path(recipe).stem}-tune"
+    if folder.exists() and not folder.is_dir():
+        raise FinetuneError(f"--output {folder} is a file; give a folder for the trials")
+
+    # Trials compare hyper-parameters on validation; they keep no checkpoints.
+    args.output_dir = str(folder / "trainer")
+    args.save_strategy = "no"
+    args.load_best_model_at_end = False
+    args.early_stopping_patience = None
+    if args.eval_strategy == "no":
+        args.eval_strategy = "epoch"
+    args.metric_for_best_model = "macro_f1"
+    args.warmup_steps = float(args.warmup_steps)  # Trainer casts a trial's value to the recipe's type
+
+    data = load_review_data(run.data, seed=args.seed)
+    if "validation" not in data.splits:
+        raise FinetuneError(
+            "finetune tune needs a validation split; set validation_file or validation_split_percentage"
+        )
+    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
+    encoding = ReviewEncoding.from_fields(vars(run.data))
+    encoded, _ = tokenize_splits(data.splits, tokenizer, encoding)
+    print("\n".join(data.report.summary_lines()), file=sys.stderr)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(folder / JOURNAL)))
+    study = optuna.create_study(
+        study_name=STUDY_NAME,
+        storage=storage,
+        load_if_exists=True,
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=args.seed),
+    )
+    finished = [trial for trial in study.trials if trial.state.is_finished()]
+    remaining = trials - len(finished)
+    if finished:
+        print(f"resuming: {len(finished)} trials already finished in {folder / JOURNAL}", file=sys.stderr)
+
+    best_so_far = _BestOfTrial()
+    trainer = ReviewTrainer(
+        model_init=lambda trial: load_classifier(run.model, data.label_names),
+        args=args,
+        train_dataset=encoded["train"],
+        eval_dataset=encoded["validation"],
+        data_collator=DataCollatorWithPadding(tokenizer),
+        processing_class=tokenizer,
+        compute_metrics=build_compute_metrics(data.label_names),
+        callbacks=[best_so_far, _TrialAnnouncer(trials, len(finished))],
+    )
+    try:
+        if remaining > 0:
+            trainer.hyperparameter_search(
+                hp_space=lambda trial: search_space(trial, recipe_epochs),
+                compute_objective=best_so_far.objective,
+                n_trials=remaining,
+                direction="maximize",
+                backend="optuna",
+                study_name=STUDY_NAME,
+                storage=storage,
+                load_if_exists=True,
+                sampler=optuna.samplers.TPESampler(seed=args.seed + len(finished)),
+            )
+    except KeyboardInterrupt:
+        print(
+            f"stopped; the finished trials are kept in {folder / JOURNAL}. Resume with the same command.",
+            file=sys.stderr,
+        )
+        raise
+    finally:
+        study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
+        _write_trials(folder, study)
+
+    best = study.best_trial
+    best_path = write_best_recipe(folder / BEST_RECIPE, recipe, overrides or [], best.params, best.value, best.number)
+    print(f"best: trial {best.number}, validation macro-F1 {best.value:.4f}, {best.params}")
+    print(f"trials in {folder / 'trials.md'}; best recipe {best_path}: finetune train {best_path}", file=sys.stderr)
+    return {"number": best.number, "objective": best.value, "params": best.params}
+
+
+def write_best_recipe(
+    path: Path, recipe: str, overrides: list[str], params: dict[str, Any], objective: float, number: int
+) -> Path:
+    """The recipe's own values, with the best trial's on top, as a YAML recipe headed by how it was found."""
+    from ..config.recipes import _read_yaml
+
+    values = _read_yaml(recipe)
+    values.pop("n_accumulate", None)  # the search sets gradient_accumulation_steps
+    values.update(params)
+    stem = path.parent.name
+    values["output_dir"] = f"runs/{stem.removesuffix('-tune')}-tuned"
+    command = " ".join(["finetune", "tune", recipe, *overrides])
+    header = [
+        f"# {recipe} with the values of trial {number} of '{command}',",
+        f"# the best validation macro-F1 ({objective:.4f}) of the trials in {path.parent / 'trials.md'}.",
+        "#",
+        f"#   finetune train {path}",
+        "",
+    ]
+    path.write_text("\n".join(header) + yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _write_trials(folder: Path, study: Any) -> None:
+    """``trials.csv`` and ``trials.md``: number, state, objective, seconds and values of every trial."""
+    names = sorted({name for trial in study.trials for name in trial.params})
+    rows = []
+    for trial in study.trials:
+        seconds = trial.duration.total_seconds() if trial.duration else None
+        rows.append(
+            {
+                "trial": trial.number,
+                "state": trial.state.name.lower(),
+                "validation_macro_f1": trial.value,
+                "seconds": round(seconds) if seconds is not None else None,
+                **{name: trial.params.get(name) for name in names},
+            }
+        )
+    if not rows:
+        return
+    with (folder / "trials.csv").open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row[name]) for name in header) + " |")
+    (folder / "trials.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+class _BestOfTrial(TrainerCallback):
+    """A callback and a ``compute_objective`` in one: the best validation macro-F1 so far in this trial."""
+
+    def __init__(self) -> None:
+        self.best = -math.inf
+
+    def objective(self, metrics: dict[str, float]) -> float:
+        """Called after each evaluation; the trial's score is the best one, the model it would keep."""
+        self.best = max(self.best, metrics[OBJECTIVE])
+        return self.best
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A new trial starts from nothing."""
+        self.best = -math.inf
+
+
+class _TrialAnnouncer(TrainerCallback):
+    """Prints which trial starts, with its values, so the epoch bars below it can be told apart."""
+
+    def __init__(self, trials: int, finished: int) -> None:
+        self.trials = trials
+        self.number = finished
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """One line per trial."""
+        self.number += 1
+        values = ", ".join(
+            f"{name} {getattr(args, name):g}"
+            for name in ("learning_rate", "num_train_epochs", "warmup_steps", "weight_decay")
+        )
+        print(
+            f"trial {self.number} of {self.trials}: {values}, n_accumulate {args.gradient_accumulation_steps}",
+            file=sys.stderr,
+        )
