@@ -254,3 +254,35 @@ def test_tune_runs_trials_and_writes_a_loadable_recipe(tmp_path, tiny_model_dir,
     # Asked for 3 in all, a second call runs only the one still missing.
     assert main(["tune", str(recipe), "--trials", "3", "--output", "search", *flags]) == 0
     assert len(list(csv.DictReader((tmp_path / "search" / "trials.csv").read_text().splitlines()))) == 3
+
+
+# ------------------------------------------- training on all of train
+
+
+def test_no_validation_split_trains_on_all_of_train_and_keeps_the_final_model(tmp_path, tiny_model_dir, capsys):
+    import json
+
+    from helpers import PROJECT, tiny_recipe
+
+    from finetune.cli import main
+
+    reviews = PROJECT / "data" / "reviews"
+    recipe = tiny_recipe(
+        tmp_path,
+        tiny_model_dir,
+        tmp_path / "run",
+        dataset_dir="null",
+        train_file=reviews / "train.csv",
+        test_file=reviews / "test.csv",
+        validation_split_percentage=0,
+        num_train_epochs=1,
+    )
+    # Evaluating every epoch needs a validation split: said before any model loads.
+    assert main(["train", str(recipe)]) == 2
+    assert "the data has no validation split (validation_split_percentage 0)" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "finetune_run.json").exists()
+
+    flags = ["--eval_strategy", "no", "--save_strategy", "no", "--load_best_model_at_end", "false"]
+    assert main(["train", str(recipe), *flags]) == 0
+    run = json.loads((tmp_path / "run" / "finetune_run.json").read_text())
+    assert run["data_report"]["rows"] == {"train": 458, "test": 111}

@@ -61,6 +61,11 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
         encoding = ReviewEncoding.from_fields(asdict(run.data))
         encoded, truncated = tokenize_splits(data.splits, tokenizer, encoding)
     data.report.count_truncated(truncated, encoding)
+    if "validation" not in encoded and (args.eval_strategy != "no" or args.load_best_model_at_end):
+        raise FinetuneError(
+            "the data has no validation split (validation_split_percentage 0); set eval_strategy: no and "
+            "load_best_model_at_end: false to keep the final model, or hold some reviews out"
+        )
     if args.should_log:
         print("\n".join(data.report.summary_lines()), file=sys.stderr)
 

@@ -132,7 +132,12 @@ class DataArguments:
     )
     validation_split_percentage: int = field(
         default=10,
-        metadata={"help": "When the source has no validation split: the share of train held out (stratified)."},
+        metadata={
+            "help": (
+                "When the source has no validation split: the share of train held out (stratified); "
+                "0 trains on all of it, with no validation (eval_strategy no, the final model kept)."
+            )
+        },
     )
     test_split_percentage: int | None = field(
         default=None,
@@ -171,8 +176,8 @@ class DataArguments:
             )
         for name in ("validation_split_percentage", "test_split_percentage"):
             value = getattr(self, name)
-            if value is not None and not 0 < value < 100:
-                raise FinetuneError(f"{name} must be between 1 and 99 (got {value}); e.g. --{name} 10")
+            if value is not None and not 0 <= value < 100:
+                raise FinetuneError(f"{name} must be between 0 and 99 (got {value}); e.g. --{name} 10")
         for name in ("max_train_samples", "max_eval_samples", "max_test_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -105,7 +105,7 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
     if "test" not in splits and data_args.test_split_percentage:
         held_out = round(source_train_rows * data_args.test_split_percentage / 100)
         splits = _hold_out(splits, "test", held_out, label_names, seed)
-    if "validation" not in splits:
+    if "validation" not in splits and data_args.validation_split_percentage:
         held_out = round(source_train_rows * data_args.validation_split_percentage / 100)
         splits = _hold_out(splits, "validation", held_out, label_names, seed)
     report.rows = {split: len(rows) for split, rows in splits.items()}
