@@ -19,9 +19,11 @@ errors answer quickly.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from .errors import FinetuneError, TrainingInterrupted
 
@@ -72,6 +74,8 @@ def _baseline(options: argparse.Namespace, extra: list[str]) -> None:
 def _predict(options: argparse.Namespace, extra: list[str]) -> None:
     from .commands.predict import predict
 
+    if options.output:
+        _check_output_folder(options.output)
     predict(
         options.model,
         input_path=options.input,
@@ -112,6 +116,34 @@ def _data_fetch(options: argparse.Namespace, extra: list[str]) -> None:
     print(fetch(get_entry(options.name), cache_dir=options.cache_dir, find_links=options.find_links))
 
 
+def _check_output_folder(output: str) -> None:
+    """Refuse an ``--output`` whose folder is missing or unwritable before any model loads, not after inference."""
+    import tempfile
+
+    folder = Path(output).parent
+    if not folder.is_dir():
+        raise FinetuneError(f"--output {output}: folder {folder} does not exist; create it or choose another --output")
+    try:
+        # Trying is the only sure test: permission bits do not bind root, nor tell of a read-only mount.
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise FinetuneError(
+            f"--output {output}: cannot write in {folder} ({error.strerror or error}); choose another --output"
+        )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (a batch of 0 or -1 reviews is a mistake, not a setting)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
         # prog is the full command, e.g. "finetune data fetch", so the hint names the right --help.
@@ -129,14 +161,14 @@ def build_cli() -> argparse.ArgumentParser:
         add_help=False,
     )
     train.add_argument("recipe", nargs="?", help="a recipe YAML file, e.g. recipes/quickstart.yaml")
-    train.add_argument("--seeds", type=int, help="train once per seed and report mean and standard deviation")
+    train.add_argument("--seeds", type=positive_int, help="train once per seed and report mean and standard deviation")
     train.set_defaults(handler=_train)
 
     evaluate = commands.add_parser("evaluate", help="score a model folder or every checkpoint of a run")
     evaluate.add_argument("path", help="a run folder (output_dir) or a model/checkpoint folder")
     evaluate.add_argument("--data", help="a labelled file with the recipe's columns (default: the run's test split)")
     evaluate.add_argument("--split", default="test", help="which split of the run's data to score (default: test)")
-    evaluate.add_argument("--batch_size", type=int, default=32)
+    evaluate.add_argument("--batch_size", type=positive_int, default=32)
     evaluate.add_argument("--no_baseline", action="store_true", help="skip the TF-IDF baseline row")
     evaluate.set_defaults(handler=_evaluate)
 
@@ -155,7 +187,9 @@ def build_cli() -> argparse.ArgumentParser:
         description="Recipe fields can be overridden after the options, e.g. --max_train_samples 2000.",
     )
     tune.add_argument("recipe", help="a recipe YAML file, e.g. recipes/drugscom.yaml")
-    tune.add_argument("--trials", type=int, default=10, help="trials in all, finished ones included (default: 10)")
+    tune.add_argument(
+        "--trials", type=positive_int, default=10, help="trials in all, finished ones included (default: 10)"
+    )
     tune.add_argument("--output", metavar="DIR", help="where the trials go (default: runs/<recipe>-tune)")
     tune.set_defaults(handler=_tune)
 
@@ -164,7 +198,7 @@ def build_cli() -> argparse.ArgumentParser:
     predict.add_argument("--input", help="CSV, TSV or JSONL with a text column; omit or '-' for one review per line")
     predict.add_argument("--output", help="where to write (CSV or JSONL by extension); default: CSV on stdout")
     predict.add_argument("--text_column", help="the column holding the review (default: the recipe's, or 'text')")
-    predict.add_argument("--batch_size", type=int, default=32)
+    predict.add_argument("--batch_size", type=positive_int, default=32)
     predict.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     predict.set_defaults(handler=_predict)
 
@@ -174,7 +208,7 @@ def build_cli() -> argparse.ArgumentParser:
         description="Recipe fields can be overridden after the options, e.g. --per_device_train_batch_size 16.",
     )
     bench.add_argument("recipe", help="a recipe YAML file, e.g. recipes/drugscom.yaml")
-    bench.add_argument("--updates", type=int, default=20, help="updates each system trains for (default: 20)")
+    bench.add_argument("--updates", type=positive_int, default=20, help="updates each system trains for (default: 20)")
     bench.add_argument("--output", help="also save the report as JSON here")
     bench.add_argument("--memory", action="store_true", help="peak memory of ReviewTrainer for n in 1, 4, 16 and 4b")
     bench.add_argument("--no_inference", action="store_true", help="skip the prediction throughput comparison")
@@ -219,7 +253,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as error:
+        # A disk that filled up or went read-only under a write the commands do not guard themselves
+        # (a metrics file, a picture): the cause in one line, not a traceback. Other OSErrors are bugs.
+        if error.errno not in _WRITE_FAILURES:
+            raise
+        print(
+            f"error: cannot write {error.filename or 'a file'} ({error.strerror}); free disk space or choose "
+            "another folder",
+            file=sys.stderr,
+        )
+        return 2
     return 0
+
+
+_WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def _quiet_libraries() -> None:

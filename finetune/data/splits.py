@@ -112,7 +112,19 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
     report.class_counts = {
         split: dict(zip(label_names, _class_counts(rows, len(label_names)))) for split, rows in splits.items()
     }
+    _refuse_absent_classes(report.class_counts["train"], raw.origins["train"])
     return ReviewData(splits, label_names, report)
+
+
+def _refuse_absent_classes(train_counts: dict[str, int], origin: str) -> None:
+    """A class with no training review: the head would learn never to predict it, and no message would say so."""
+    absent = [name for name, count in train_counts.items() if count == 0]
+    if absent:
+        counts = ", ".join(f"{name} {count}" for name, count in train_counts.items())
+        raise FinetuneError(
+            f"the training split ({origin}) has no review of class {', '.join(repr(name) for name in absent)} "
+            f"({counts}); add some, or drop the class from label_bins / class_names"
+        )
 
 
 def load_labelled_file(path: Path, data_args: DataArguments, label_names: list[str]) -> datasets.Dataset:
@@ -143,6 +155,8 @@ def resolve_label_names(train: datasets.Dataset, origin: str, data_args: DataArg
     present = set(values)
     if not present:
         raise FinetuneError(f"{origin} has no labels in '{data_args.label_column}'; check label_column")
+    if any(isinstance(value, bool) for value in values):
+        raise FinetuneError(_boolean_labels(origin, data_args.label_column))
     if all(isinstance(value, str) for value in present):
         return sorted(present)
     if all(_is_whole_number(value) for value in present):
@@ -296,6 +310,9 @@ class _RowConverter:
         if raw_label is None or (isinstance(raw_label, str) and not raw_label.strip()):
             return -1, MISSING_LABEL
         where = f"{self.origin} row {index + self.first_row_number}"
+        if isinstance(raw_label, bool):
+            # float(True) is 1.0: with label_bins a true/false column would silently become ratings 1 and 0.
+            raise FinetuneError(_boolean_labels(where, self.label_column))
         if self.source_label_names is not None and self.label_bins is None:
             if raw_label < 0:  # datasets' ClassLabel marks "no label" with -1
                 return -1, MISSING_LABEL
@@ -332,6 +349,13 @@ class _RowConverter:
         if problem == MISSING_LABEL:
             return f"no label in '{self.label_column}'"
         return f"rating {row[self.label_column]!r} is outside label_bins {describe_bins(self.label_bins)}"
+
+
+def _boolean_labels(where: str, column: str) -> str:
+    return (
+        f"{where}: the labels in '{column}' are true/false, which are neither ratings nor class names; "
+        "write them as class names (e.g. negative/positive) or class ids 0/1"
+    )
 
 
 def join_title(title: str, text: str) -> str:

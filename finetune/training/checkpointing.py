@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,10 @@ from ..errors import FinetuneError
 COMPLETE_MARKER = "finetune_checkpoint_complete.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+# The settings a resumed run must share with the checkpoint's to continue it exactly (kept in the marker).
+EXACT_RESUME_SETTINGS = ("gradient_accumulation_steps", "per_device_train_batch_size", "world_size")
+# Where the final model is written before its files are moved into output_dir.
+FINAL_STAGING = ".final-model.partial"
 
 
 def is_complete_checkpoint(folder: str | Path) -> bool:
@@ -38,16 +44,174 @@ def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
     return Path(complete[-1]) if complete else None
 
 
-def require_safe_weights(folder: str | Path, allow_pickle: bool = False) -> None:
-    """Refuse a model folder whose weights are only pickle files (which can run code when loaded)."""
+def require_safe_weights(
+    folder: str | Path, allow_pickle: bool = False, flag: str = "allow_pickle_checkpoints"
+) -> None:
+    """Refuse a model folder whose weights are only pickle files (which can run code when loaded).
+
+    ``flag`` is the option that allows them, named in the message.
+    """
     folder = Path(folder)
     has_safe = any((folder / name).is_file() for name in SAFE_WEIGHTS)
     has_pickle = any((folder / name).is_file() for name in PICKLED_WEIGHTS)
     if has_pickle and not has_safe and not allow_pickle:
         raise FinetuneError(
             f"{folder} has only pickled weights (pytorch_model.bin), which can run code when loaded; "
-            "convert them to safetensors, or pass --allow_pickle_checkpoints if you trust where they came from"
+            f"convert them to safetensors, or pass --{flag} if you trust where they came from"
         )
+
+
+def require_readable_safetensors(folder: str | Path) -> None:
+    """Refuse a folder whose ``*.safetensors`` files are cut short or not safetensors at all.
+
+    Reading the header is cheap, and ``safetensors`` checks it against the
+    file's size, so a copy cut off part-way is found here rather than as a
+    traceback while loading.
+    """
+    from safetensors import safe_open
+
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception as error:  # SafetensorError, or an OSError for an unreadable file
+            raise FinetuneError(f"{path} is damaged or cut short ({_first_line(error)}); copy or save it again")
+
+
+def check_resume(checkpoint: str | Path, args: Any) -> list[str]:
+    """Refuse a checkpoint that cannot be resumed, or not exactly; returns what changes when inexact is allowed.
+
+    Exact means the resumed run equals the uninterrupted one: the checkpoint must
+    hold the optimizer, scheduler and every process's random state, and this run
+    must use the micro-batch, ``gradient_accumulation_steps`` and number of
+    processes it was saved with. ``args.allow_inexact_resume`` turns those
+    refusals into the returned warnings; a missing or damaged checkpoint is always refused.
+    """
+    folder = Path(checkpoint)
+    earlier = "resume from an earlier checkpoint, or drop --resume_from_checkpoint"
+    if not folder.is_dir():
+        raise FinetuneError(f"checkpoint not found: {checkpoint}; pass a checkpoint-* folder of the run, or auto")
+    require_safe_weights(folder, getattr(args, "allow_pickle_checkpoints", False))
+    if not any((folder / name).is_file() for name in (*SAFE_WEIGHTS, *PICKLED_WEIGHTS)):
+        raise FinetuneError(f"{folder} holds no model weights, so it is no checkpoint to resume; {earlier}")
+    require_readable_safetensors(folder)
+    state = _read_json(folder / "trainer_state.json", earlier)
+    for path in folder.glob("*.pt*"):
+        # torch.save writes a zip archive; one cut short has no central directory at its end.
+        if path.suffix in (".pt", ".pth") and not zipfile.is_zipfile(path):
+            raise FinetuneError(f"{path} is damaged or cut short; {earlier}")
+
+    saved = {**_saved_settings(folder, state, getattr(args, "n_gpu", 0)), **_read_marker(folder)}
+    current = {name: getattr(args, name) for name in EXACT_RESUME_SETTINGS}
+    changes = [
+        f"{name} {saved[name]} -> {current[name]}"
+        for name in EXACT_RESUME_SETTINGS
+        if saved.get(name) is not None and saved[name] != current[name]
+    ]
+    missing = [
+        what
+        for what, present in (
+            ("optimizer state (optimizer.pt)", (folder / "optimizer.pt").is_file()),
+            ("scheduler state (scheduler.pt)", (folder / "scheduler.pt").is_file()),
+            ("random state (rng_state*.pth)", any(folder.glob("rng_state*.pth"))),
+        )
+        if not present
+    ]
+    problems = [*(f"it has no {what}" for what in missing), *(f"this run changes {change}" for change in changes)]
+    if problems and not getattr(args, "allow_inexact_resume", False):
+        fix = (
+            "resume with the settings it was saved with"
+            if changes and not missing
+            else "resume from a checkpoint saved without save_only_model"
+            if missing and not changes
+            else "resume from a full checkpoint with the settings it was saved with"
+        )
+        raise FinetuneError(
+            f"resuming {folder} cannot equal an uninterrupted run: {'; '.join(problems)}; "
+            f"{fix}, or pass --allow_inexact_resume to go on anyway"
+        )
+    return [f"resuming {folder} inexactly: {'; '.join(problems)}{_what_changes(missing, changes)}"] if problems else []
+
+
+def _what_changes(missing: list[str], changes: list[str]) -> str:
+    consequences = []
+    if any("optimizer" in what or "scheduler" in what for what in missing):
+        consequences.append("the optimizer and the learning-rate schedule start afresh")
+    if any("random" in what for what in missing):
+        consequences.append("dropout and shuffling draw other numbers")
+    if changes:
+        consequences.append(
+            "the rest of the epoch is counted in other windows, so some reviews may be seen twice or skipped"
+        )
+    return f" ({'; '.join(consequences)})"
+
+
+def _saved_settings(folder: Path, state: dict[str, Any], n_gpu: int) -> dict[str, Any]:
+    """What an older checkpoint (no settings in its marker) still tells: batch size and number of processes."""
+    settings: dict[str, Any] = {}
+    if isinstance(state.get("train_batch_size"), int):
+        # Trainer records the micro-batch times the GPUs of one process (DataParallel).
+        settings["per_device_train_batch_size"] = state["train_batch_size"] // max(1, n_gpu)
+    ranks = list(folder.glob("rng_state_*.pth"))
+    if ranks:
+        settings["world_size"] = len(ranks)
+    elif (folder / "rng_state.pth").is_file():
+        settings["world_size"] = 1
+    return settings
+
+
+def _read_marker(folder: Path) -> dict[str, Any]:
+    marker = folder / COMPLETE_MARKER
+    if not marker.is_file():
+        return {}
+    try:
+        saved = json.loads(marker.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return {}
+    return {name: saved[name] for name in EXACT_RESUME_SETTINGS if name in saved}
+
+
+def _read_json(path: Path, fix: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise FinetuneError(f"{path.parent} has no {path.name}, so it cannot be resumed; {fix}")
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as error:
+        raise FinetuneError(f"{path} is damaged ({_first_line(error)}); {fix}")
+    if not isinstance(loaded, dict):
+        raise FinetuneError(f"{path} is damaged (not a JSON object); {fix}")
+    return loaded
+
+
+def require_finite_weights(model: Any, what: str, run_dir: str | Path, step: int) -> None:
+    """Raise, naming the last good checkpoint, when ``model``'s weights hold NaN or inf; they are never saved."""
+    if all(bool(parameter.isfinite().all()) for parameter in model.parameters()):
+        return
+    last_good = latest_complete_checkpoint(run_dir)
+    kept = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was saved before"
+    raise FinetuneError(
+        f"the weights hold NaN or inf at update {step}, so {what} is not saved; {kept}; lower learning_rate"
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+def _save_failure(error: BaseException) -> str:
+    """Why a save failed, in a few words: the OS's reason where it can be found, else the library's first line."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error)
+    # safetensors: "Error while serializing: I/O error: File too large (os error 27)".
+    match = re.search(r"os error (\d+)", text)
+    if match:
+        return os.strerror(int(match.group(1)))
+    # torch.save's zip writer reports a short write by positions ("unexpected pos 704 vs 598").
+    if "PytorchStreamWriter" in text or "unexpected pos" in text:
+        return "a file was cut short: the disk is full or a file-size limit was reached"
+    return _first_line(error)
 
 
 class CrashSafeCheckpoints:
@@ -57,12 +221,8 @@ class CrashSafeCheckpoints:
         """Trainer's checkpoint, written to a staging folder and renamed into place when complete."""
         run_dir = Path(self._get_output_dir(trial=trial))
         final = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        if not all(bool(parameter.isfinite().all()) for parameter in model.parameters()):
-            # Skipped updates keep bad numbers out of the weights; if some got in anyway, keep them off disk.
-            raise FinetuneError(
-                f"the weights hold NaN or inf at update {self.state.global_step}, so {final} is not saved; "
-                f"the last good checkpoint is {latest_complete_checkpoint(run_dir)}; lower learning_rate"
-            )
+        # Skipped updates keep bad numbers out of the weights; if some got in anyway, keep them off disk.
+        require_finite_weights(model, str(final), run_dir, self.state.global_step)
         staging = run_dir / f".{final.name}.partial"
         if self.hp_search_backend is None and trial is None:
             self.store_flos()
@@ -75,13 +235,15 @@ class CrashSafeCheckpoints:
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
                 self._publish(staging, final)
-        except OSError as error:
+        except Exception as error:
+            # A full disk or a file-size limit surfaces as an OSError from Python, but as SafetensorError
+            # or RuntimeError from safetensors and torch.save: every one leaves a partial folder to remove.
             if self.args.should_save:
                 shutil.rmtree(staging, ignore_errors=True)
             previous = latest_complete_checkpoint(run_dir)
             kept = f"the previous checkpoint {previous} is kept" if previous else "no earlier checkpoint exists"
             raise FinetuneError(
-                f"cannot save {final} ({error.strerror or error}); {kept}; free disk space or choose another output_dir"
+                f"cannot save {final} ({_save_failure(error)}); {kept}; free disk space or choose another output_dir"
             ) from error
 
         # Trainer's bookkeeping of the best checkpoint, now that this one exists.
@@ -117,7 +279,9 @@ class CrashSafeCheckpoints:
             if path.is_file():
                 _fsync(path)
         marker = staging / COMPLETE_MARKER
-        marker.write_text(json.dumps({"global_step": self.state.global_step}) + "\n", encoding="utf-8")
+        # The settings an exact resume must share (check_resume compares them).
+        settings = {name: getattr(self.args, name) for name in EXACT_RESUME_SETTINGS}
+        marker.write_text(json.dumps({"global_step": self.state.global_step, **settings}) + "\n", encoding="utf-8")
         _fsync(marker)
         if final.exists():  # the same step saved again (e.g. after a resume): replace it whole
             replaced = final.with_name(f".{final.name}.replaced")
@@ -139,10 +303,81 @@ class CrashSafeCheckpoints:
             use_mtime=False,
         )
 
+    def save_final_model(self) -> None:
+        """``save_model()`` into ``output_dir``, except never with non-finite weights nor half-written.
+
+        The files are written into a staging folder and moved into place only
+        once all of them are: a failed save (disk full, a file-size limit)
+        removes the staging folder, leaves what was in ``output_dir`` as it
+        was, and stops with one line naming the checkpoint that is kept.
+        """
+        run_dir = Path(self.args.output_dir)
+        require_finite_weights(self.model, f"the final model in {run_dir}", run_dir, self.state.global_step)
+        staging = run_dir / FINAL_STAGING
+        try:
+            if self.args.should_save:
+                shutil.rmtree(staging, ignore_errors=True)
+                staging.mkdir(parents=True)
+            self.save_model(str(staging), _internal_call=True)
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                for path in staging.rglob("*"):
+                    if path.is_file():
+                        _fsync(path)
+                for path in sorted(staging.iterdir()):
+                    target = run_dir / path.name
+                    if target.is_dir() and not path.is_dir():
+                        shutil.rmtree(target)
+                    os.replace(path, target)
+                staging.rmdir()
+                _fsync(run_dir)
+        except Exception as error:
+            if self.args.should_save:
+                shutil.rmtree(staging, ignore_errors=True)
+            last = latest_complete_checkpoint(run_dir)
+            kept = (
+                f"the last checkpoint {last} is kept; free disk space, then resume it with "
+                "--resume_from_checkpoint auto to save the model"
+                if last
+                else "no checkpoint was saved; free disk space or choose another output_dir and train again"
+            )
+            raise FinetuneError(f"cannot save the final model in {run_dir} ({_save_failure(error)}); {kept}") from error
+        if self.args.push_to_hub:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """Trainer's loading, after refusing a checkpoint whose weights are only pickle files."""
         require_safe_weights(resume_from_checkpoint, getattr(self.args, "allow_pickle_checkpoints", False))
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        with _damaged_checkpoint(resume_from_checkpoint):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Trainer's loading, with a damaged file reported in one line."""
+        with _damaged_checkpoint(checkpoint):
+            super()._load_optimizer_and_scheduler(checkpoint)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """Trainer's loading, with a damaged file reported in one line."""
+        with _damaged_checkpoint(checkpoint):
+            super()._load_rng_state(checkpoint)
+
+
+class _damaged_checkpoint:
+    """Turn an exception while reading a checkpoint (a file cut short, overwritten) into one line with the fix."""
+
+    def __init__(self, checkpoint: str | None) -> None:
+        self.checkpoint = checkpoint
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+        if error is None or isinstance(error, FinetuneError) or not isinstance(error, Exception):
+            return False
+        raise FinetuneError(
+            f"cannot read checkpoint {self.checkpoint} ({_first_line(error)}); it is damaged: "
+            "resume from an earlier checkpoint, or drop --resume_from_checkpoint"
+        ) from error
 
 
 def _fsync(path: Path) -> None:

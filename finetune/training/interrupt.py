@@ -1,8 +1,9 @@
 """Stop cleanly on Ctrl-C or a scheduler's SIGTERM: finish the update, save, say how to resume.
 
 The first signal asks the run to stop at the next update boundary, where a
-checkpoint is exact (no half-accumulated window to lose); a second one stops
-at once, as a user pressing Ctrl-C twice expects.
+checkpoint is exact (no half-accumulated window to lose); one that comes
+during an evaluation stops at the boundary the evaluation was made at. A
+second signal stops at once, as a user pressing Ctrl-C twice expects.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class StopOnSignal(TrainerCallback):
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
+        self._saved_after_signal: int | None = None  # the update whose checkpoint the stop saved
 
     def on_train_begin(self, args, state, control, **kwargs):
         # Handlers can only be set from the main thread (a notebook's worker thread cannot).
@@ -35,6 +37,29 @@ class StopOnSignal(TrainerCallback):
         if self._any_process_received(args):
             control.should_save = True
             control.should_training_stop = True
+        return control
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        # A signal that came during an evaluation: the weights are still those of this update's
+        # boundary, so save and stop here rather than after one more update.
+        if self._any_process_received(args):
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.received is not None:
+            self._saved_after_signal = state.global_step
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # Stopped part-way through an epoch, with this update's checkpoint saved: the epoch-end
+        # evaluation and save would only delay the exit (the resumed run makes them when the epoch
+        # really ends). At a true epoch end they stay, so the resumed run's history is the same.
+        mid_epoch = state.epoch is not None and not float(state.epoch).is_integer()
+        if self._saved_after_signal == state.global_step and mid_epoch:
+            control.should_evaluate = False
+            control.should_save = False
         return control
 
     def _any_process_received(self, args: Any) -> bool:

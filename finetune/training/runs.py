@@ -7,9 +7,13 @@ final model and ``finetune_run.json``, the recipe that made it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,8 @@ from ..errors import FinetuneError
 from .checkpointing import require_safe_weights
 
 RUN_CONFIG = "finetune_run.json"
+# Held (flock) by the run training into the folder; removed when it ends.
+LOCK_FILE = ".finetune.lock"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # Files whose presence means a folder already holds a run worth keeping.
 _RUN_MARKERS = ("config.json", "model.safetensors", "trainer_state.json", RUN_CONFIG, "all_results.json")
@@ -43,12 +49,15 @@ def holds_run(folder: Path) -> bool:
     return folder.is_dir() and (any((folder / name).exists() for name in _RUN_MARKERS) or bool(checkpoints(folder)))
 
 
-def prepare_output_dir(output_dir: str, overwrite: bool, resuming: bool, clear: bool = True) -> None:
-    """Refuse to train over an earlier run unless asked to; clear its checkpoints when asked (and ``clear``).
+def check_output_dir(output_dir: str, overwrite: bool, resuming: bool) -> None:
+    """Refuse an output_dir that is not a folder, or that holds an earlier run, unless overwriting or resuming it.
 
-    On several processes every one checks, and only the main one clears (``clear``).
+    Only checks: nothing is deleted here, so a mistake found later (in the data, the
+    model) leaves the earlier run whole. :func:`clear_earlier_run` deletes, once training starts.
     """
     folder = Path(output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise FinetuneError(f"output_dir {output_dir} is a file, not a folder; choose another --output_dir")
     if not holds_run(folder) or resuming:
         return
     if not overwrite:
@@ -56,10 +65,100 @@ def prepare_output_dir(output_dir: str, overwrite: bool, resuming: bool, clear: 
             f"output_dir {output_dir} already holds a run; pass --overwrite_output_dir to replace it, "
             "--resume_from_checkpoint auto to continue it, or choose another --output_dir"
         )
-    # Stale checkpoints would be mistaken for this run's by rotation and by `finetune evaluate`.
-    if clear:
-        for checkpoint in checkpoints(folder):
-            shutil.rmtree(checkpoint)
+
+
+def clear_earlier_run(output_dir: str) -> None:
+    """Delete the checkpoints an earlier run left in ``output_dir`` (``--overwrite_output_dir``).
+
+    Stale checkpoints would be mistaken for this run's by rotation, by ``auto``
+    resuming and by ``finetune evaluate``.
+    """
+    for checkpoint in checkpoints(Path(output_dir)):
+        shutil.rmtree(checkpoint)
+
+
+@contextlib.contextmanager
+def output_dir_lock(output_dir: str) -> Iterator[Path]:
+    """Hold an exclusive lock on ``output_dir`` (creating the folder) for the life of the block.
+
+    A second ``finetune train`` on the same folder is refused at once instead
+    of colliding with the first one's checkpoints. The lock is an ``flock`` on
+    ``output_dir/.finetune.lock``, released by the kernel if the process dies.
+    A folder this call created and nothing else wrote into is removed again,
+    so a run refused later leaves nothing behind.
+    """
+    folder = Path(output_dir)
+    created = _missing_parents(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise FinetuneError(
+            f"cannot create output_dir {output_dir} ({error.strerror or error}); "
+            "choose a folder you can write to with --output_dir"
+        )
+    lock_path = folder / LOCK_FILE
+    try:
+        descriptor = _acquire(lock_path, output_dir)
+    except BaseException:
+        _remove_if_empty(created)
+        raise
+    try:
+        yield folder
+    finally:
+        # Unlinked while still held, so no other run can have locked this same file in between.
+        with contextlib.suppress(OSError):
+            lock_path.unlink()
+        os.close(descriptor)
+        _remove_if_empty(created)
+
+
+def _acquire(lock_path: Path, output_dir: str) -> int:
+    """An open descriptor of ``lock_path`` holding its exclusive lock, or a FinetuneError naming the holder."""
+    while True:
+        try:
+            descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise FinetuneError(
+                f"cannot write in output_dir {output_dir} ({error.strerror or error}); "
+                "choose a folder you can write to with --output_dir"
+            )
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(descriptor, 32).decode("ascii", "replace").strip() or "unknown"
+            os.close(descriptor)
+            raise FinetuneError(
+                f"output_dir {output_dir} is in use by another finetune run (process {holder}); "
+                "wait for it to finish, or choose another --output_dir"
+            )
+        # The run before us may have unlinked the file between our open and our lock: lock the new one then.
+        try:
+            same_file = os.stat(lock_path).st_ino == os.fstat(descriptor).st_ino
+        except FileNotFoundError:
+            same_file = False
+        if same_file:
+            os.ftruncate(descriptor, 0)
+            os.write(descriptor, f"{os.getpid()}\n".encode())
+            return descriptor
+        os.close(descriptor)
+
+
+def _missing_parents(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for path in (folder, *folder.absolute().parents):
+        if path.exists():
+            break
+        missing.append(path)
+    return missing
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    for path in folders:
+        try:
+            path.rmdir()  # only succeeds on an empty folder
+        except OSError:
+            return
 
 
 def save_run_config(
