@@ -99,7 +99,13 @@ GRID = {
     "steps": dict(n=2, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=3, logging_steps=1),
     "epoch": dict(n=2, eval_strategy="epoch", save_strategy="epoch", logging_strategy="epoch"),
     "best": dict(
-        n=1, learning_rate=0.05, eval_strategy="steps", eval_steps=1, save_strategy="best", metric_for_best_model="loss"
+        n=1,
+        num_train_epochs=1,
+        learning_rate=0.05,
+        eval_strategy="steps",
+        eval_steps=1,
+        save_strategy="best",
+        metric_for_best_model="loss",
     ),
     "early_stopping": dict(
         n=1,
