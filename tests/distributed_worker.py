@@ -84,10 +84,10 @@ class CountingTrainer(ReviewTrainer):
         self.window_reductions += 1
         return super()._sum_over_processes(value)
 
-    def _forward_backward(self, model, inputs, weight, counted=True):
-        if counted:
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if inputs is not self._stand_in:  # the stand-in for an empty share trains nothing
             self.trained_rows[-1].extend(sample_rows(inputs))
-        return super()._forward_backward(model, inputs, weight, counted)
+        return super().training_step(model, inputs, num_items_in_batch)
 
 
 class CountAllReduces(TrainerCallback):

@@ -1,4 +1,4 @@
-"""The training progress bar: one tqdm bar per epoch, over micro-batches."""
+"""The training progress bar: one tqdm bar per epoch, over micro-batches (or updates when the length is unknown)."""
 
 from __future__ import annotations
 
@@ -7,28 +7,48 @@ from transformers import ProgressCallback
 
 
 class EpochProgressBar:
-    """A bar over one epoch's micro-batches showing ``Epoch``, ``Train_Loss`` and ``LR``.
+    """A bar over one epoch showing ``Epoch``, ``Train_Loss`` and ``LR``.
 
-    ``Train_Loss`` is the running per-sample mean of the unscaled loss over the
-    epoch so far, so it reads the same whatever ``gradient_accumulation_steps`` is.
+    It counts the epoch's micro-batches, or, when the epoch's length is unknown
+    (an ``IterableDataset``; ``micro_batches=None``), the run's updates out of
+    ``max_steps``. ``Train_Loss`` is the running per-sample mean of the
+    unscaled loss over the epoch so far, so it reads the same whatever
+    ``gradient_accumulation_steps`` is.
     """
 
-    def __init__(self, epoch: int, num_epochs: int, micro_batches: int, disable: bool) -> None:
+    def __init__(
+        self,
+        epoch: int,
+        num_epochs: int | None,
+        micro_batches: int | None,
+        disable: bool,
+        max_steps: int = 0,
+        updates_done: int = 0,
+    ) -> None:
+        self._counts_updates = micro_batches is None
         self._bar = tqdm(
-            total=micro_batches,
-            desc=f"Epoch {epoch + 1}/{num_epochs}",
-            unit="batch",
+            total=max_steps if self._counts_updates else micro_batches,
+            initial=updates_done if self._counts_updates else 0,
+            desc=f"Epoch {epoch + 1}" if num_epochs is None else f"Epoch {epoch + 1}/{num_epochs}",
+            unit="update" if self._counts_updates else "batch",
             disable=disable,
             dynamic_ncols=True,
         )
         self._epoch = epoch + 1
 
     def advance(self, micro_batches: int, train_loss: float, learning_rate: float) -> None:
-        """Move by ``micro_batches`` and refresh the shown loss and learning rate."""
+        """Count ``micro_batches`` more (when the bar counts micro-batches) and refresh the shown loss and rate."""
+        self._refresh(micro_batches if not self._counts_updates else 0, train_loss, learning_rate)
+
+    def finish_update(self, train_loss: float, learning_rate: float) -> None:
+        """Count one update (when the bar counts updates) and refresh the shown loss and rate."""
+        self._refresh(1 if self._counts_updates else 0, train_loss, learning_rate)
+
+    def _refresh(self, steps: int, train_loss: float, learning_rate: float) -> None:
         self._bar.set_postfix(
             Epoch=self._epoch, Train_Loss=f"{train_loss:.4f}", LR=f"{learning_rate:.2e}", refresh=False
         )
-        self._bar.update(micro_batches)
+        self._bar.update(steps)
 
     def write(self, message: str) -> None:
         """Print a line above the bar without breaking it."""

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import itertools
 import math
+import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -31,8 +32,11 @@ from accelerate import skip_first_batches
 from accelerate.utils import DistributedType
 from torch import nn
 from transformers import ProgressCallback, Trainer
-from transformers.trainer_pt_utils import LengthGroupedSampler
-from transformers.trainer_utils import SaveStrategy, TrainOutput, speed_metrics
+from transformers.integrations.neftune import deactivate_neftune
+from transformers.optimization import GreedyLR
+from transformers.trainer_pt_utils import LengthGroupedSampler, get_model_param_count
+from transformers.trainer_utils import SaveStrategy, TrainOutput, has_length, speed_metrics
+from transformers.utils import logging
 
 from ..config.arguments import validate_accumulation_steps
 from ..data.class_weights import balanced_class_weights
@@ -48,6 +52,14 @@ from .checkpointing import CrashSafeCheckpoints
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
 from .layers import encoder_parameters, layerwise_parameter_groups
 from .progress import EpochProgressBar, EvaluationProgressCallback
+
+# Trainer's own logger, so that the banner and warnings below follow transformers' verbosity
+# (`log_level`, `transformers.logging.set_verbosity_info()`) and land where stock Trainer's do.
+logger = logging.get_logger("transformers.trainer")
+
+# Schedulers that step on an evaluation metric: Trainer's _evaluate steps them after each
+# evaluation, so the loop must not step them on updates.
+METRIC_STEPPED_SCHEDULERS = (torch.optim.lr_scheduler.ReduceLROnPlateau, GreedyLR)
 
 
 class ReviewTrainer(CrashSafeCheckpoints, Trainer):
@@ -94,6 +106,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             self.add_callback(EvaluationProgressCallback)
         self.skipped_updates = 0
         self.nonfinite_in_a_row = 0
+        # The share of its window's loss that the next training_step backpropagates (set per micro-batch).
+        self.micro_batch_weight = 1.0
         if class_weights is None and getattr(self.args, "class_weighting", "none") == "balanced":
             class_weights = balanced_class_weights(self.train_dataset["labels"], self.model.config.num_labels)
         self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
@@ -101,11 +115,16 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
     # ------------------------------------------------------------------- data
 
     def get_train_dataloader(self) -> Any:
-        """Trainer's training dataloader, sharded without padding: the last global micro-batch may be short."""
+        """Trainer's training dataloader, sharded without padding: the last global micro-batch may be short.
+
+        An ``IterableDataset`` keeps Accelerate's padding: with no length, ranks
+        cannot agree in advance on how many rounds an epoch has, and padding
+        keeps them in step (as in stock Trainer).
+        """
         even_batches = self.accelerator.even_batches
         # even_batches would fill the last global micro-batch with repeats of the epoch's first
         # samples, training them twice; with_empty_shares covers the ranks left without a share.
-        self.accelerator.even_batches = False
+        self.accelerator.even_batches = not has_length(self.train_dataset) and even_batches
         try:
             return super().get_train_dataloader()
         finally:
@@ -167,20 +186,29 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         train_dataloader = self.get_train_dataloader()
 
         accumulation_steps = args.gradient_accumulation_steps
-        # Global micro-batches: a rank left without a share of the last one still takes that step.
-        micro_batches_per_epoch = self._max_over_processes(len(train_dataloader))
-        if micro_batches_per_epoch == 0:
-            raise ValueError("the training set gives no batches; give it at least one review")
-        updates_in_epoch = updates_per_epoch(micro_batches_per_epoch, accumulation_steps)
-        if accumulation_steps > micro_batches_per_epoch and args.should_log:
-            warnings.warn(
-                f"gradient_accumulation_steps={accumulation_steps} is more than the {micro_batches_per_epoch} "
-                "micro-batches in an epoch: each epoch makes a single update from all of them",
-                UserWarning,
-                stacklevel=2,
+        if has_length(train_dataloader):
+            # Global micro-batches: a rank left without a share of the last one still takes that step.
+            micro_batches_per_epoch = self._max_over_processes(len(train_dataloader))
+            if micro_batches_per_epoch == 0:
+                raise ValueError("the training set gives no batches; give it at least one review")
+            updates_in_epoch = updates_per_epoch(micro_batches_per_epoch, accumulation_steps)
+            if accumulation_steps > micro_batches_per_epoch and args.should_log:
+                warnings.warn(
+                    f"gradient_accumulation_steps={accumulation_steps} is more than the {micro_batches_per_epoch} "
+                    "micro-batches in an epoch: each epoch makes a single update from all of them",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            max_steps = total_updates(
+                micro_batches_per_epoch, accumulation_steps, args.num_train_epochs, args.max_steps
             )
-        max_steps = total_updates(micro_batches_per_epoch, accumulation_steps, args.num_train_epochs, args.max_steps)
-        num_epochs = epochs_to_run(max_steps, updates_in_epoch)
+            num_epochs = epochs_to_run(max_steps, updates_in_epoch)
+        else:
+            # An IterableDataset: its length is unknown, so max_steps (which Trainer requires for one)
+            # counts the run's updates, and an epoch is one pass, however many updates it holds.
+            micro_batches_per_epoch = None
+            max_steps = updates_in_epoch = args.max_steps
+            num_epochs = sys.maxsize
 
         # Trainer's own helpers build the state, the optimizer and a scheduler
         # sized in updates (warmup included), and prepare everything with Accelerate.
@@ -188,6 +216,12 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             max_steps, updates_in_epoch, num_epochs, resume_from_checkpoint, trial
         )
         model, train_dataloader = self._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+        self._log_training_banner(model, train_dataloader, num_epochs, updates_in_epoch, max_steps)
+        if resume_from_checkpoint is not None:
+            logger.info(
+                f"  Resuming training from checkpoint with epoch {epochs_trained} and global step "
+                f"{self.state.global_step}; skipping {micro_batches_done} micro-batches of that epoch"
+            )
 
         return self._run_accumulation_loop(
             model=model,
@@ -201,6 +235,35 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             ignore_keys_for_eval=ignore_keys_for_eval,
         )
 
+    def _log_training_banner(
+        self, model: nn.Module, train_dataloader: Any, num_epochs: int, updates_in_epoch: int, max_steps: int
+    ) -> None:
+        """Trainer's "***** Running training *****" lines, with this loop's counts and effective batch."""
+        micro_batch = self._train_batch_size
+        accumulation_steps = self.args.gradient_accumulation_steps
+        processes = self.args.world_size
+        effective_batch = micro_batch * accumulation_steps * processes
+        if has_length(train_dataloader):
+            examples = f"{self.num_examples(train_dataloader):,}"
+            epochs = f"{num_epochs:,}"
+        else:
+            examples = f"{effective_batch * max_steps:,} (at most; an IterableDataset has no length)"
+            epochs = "until max_steps (an IterableDataset has no length)"
+        logger.info("***** Running training *****")
+        logger.info(f"  Num examples = {examples}")
+        logger.info(f"  Num Epochs = {epochs}")
+        logger.info(f"  Num update steps per epoch = {updates_in_epoch:,}")
+        logger.info(f"  Instantaneous batch size per device = {self.args.per_device_train_batch_size:,}")
+        if self.args.per_device_train_batch_size != micro_batch:
+            logger.info(f"  Training with DataParallel so batch size has been adjusted to: {micro_batch:,}")
+        logger.info(
+            "  Total train batch size (w. parallel, distributed & accumulation) = "
+            f"{effective_batch:,} ({micro_batch} x {accumulation_steps} x {processes})"
+        )
+        logger.info(f"  Gradient Accumulation steps = {accumulation_steps}")
+        logger.info(f"  Total optimization steps = {max_steps:,}")
+        logger.info(f"  Number of trainable parameters = {get_model_param_count(model, trainable_only=True):,}")
+
     # ------------------------------------------------------------------- loop
 
     def _run_accumulation_loop(
@@ -208,23 +271,35 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         model: nn.Module,
         train_dataloader: Any,
         num_epochs: int,
-        micro_batches_per_epoch: int,
+        micro_batches_per_epoch: int | None,
         start_epoch: int,
         micro_batches_done: int,
         resume_from_checkpoint: str | None,
         trial: Any,
         ignore_keys_for_eval: list[str] | None,
     ) -> TrainOutput:
-        """The training loop: epochs of windows of micro-batches, one update per window."""
+        """The training loop: epochs of windows of micro-batches, one update per window.
+
+        ``micro_batches_per_epoch`` is None for an ``IterableDataset``: an epoch
+        is then one pass over it, and ``max_steps`` ends the run.
+        """
         args = self.args
         start_time = time.time()
         self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
         self._initial_global_step = self.state.global_step
         self._globalstep_last_logged = self.state.global_step
         self._loss_since_log = _LossTracker()
-        run_loss = _LossTracker()
-        # What a rank forwards, with weight 0, for a global micro-batch in which it has no samples.
-        self._stand_in = stand_in_batch(train_dataloader) if self.accelerator.num_processes > 1 else None
+        self._run_loss = _LossTracker()
+        length_known = micro_batches_per_epoch is not None
+        # What a rank forwards, with weight 0, for a global micro-batch in which it has no samples
+        # (an IterableDataset keeps Accelerate's padding instead, see get_train_dataloader).
+        self._stand_in = (
+            stand_in_batch(train_dataloader) if self.accelerator.num_processes > 1 and length_known else None
+        )
+        # What state.epoch's fraction counts: with no length, stock Trainer's stand-in of max_steps windows.
+        epoch_micro_batches = (
+            micro_batches_per_epoch if length_known else self.state.max_steps * args.gradient_accumulation_steps
+        )
         model.zero_grad(set_to_none=True)
 
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -249,37 +324,49 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             epoch_loss = _LossTracker()
             bar = EpochProgressBar(
                 epoch,
-                num_epochs,
+                num_epochs if length_known else None,
                 micro_batches_per_epoch,
                 disable=args.disable_tqdm or not self.is_world_process_zero(),
+                max_steps=self.state.max_steps,
+                updates_done=self.state.global_step,
             )
             bar.advance(micro_step, 0.0, self._get_learning_rate())
 
-            rank_batches = with_empty_shares(epoch_batches, micro_batches_per_epoch - micro_step)
-            for window in windows(rank_batches, args.gradient_accumulation_steps):
+            if length_known:
+                epoch_batches = with_empty_shares(epoch_batches, micro_batches_per_epoch - micro_step)
+            updates_before_epoch = self.state.global_step
+            for window in windows(epoch_batches, args.gradient_accumulation_steps):
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 window_loss = self._accumulate_window(model, window, epoch_loss, bar)
                 micro_step += len(window)
                 grad_norm, learning_rate = self._update(model, window_loss)
 
-                run_loss.add(window_loss)
+                self._run_loss.add(window_loss)
                 self._loss_since_log.add(window_loss)
                 self.state.global_step += 1
-                self.state.epoch = epoch + micro_step / micro_batches_per_epoch
-                bar.advance(0, epoch_loss.mean(), learning_rate)
+                self.state.epoch = epoch + micro_step / epoch_micro_batches
+                bar.finish_update(epoch_loss.mean(), learning_rate)
 
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                 self._log_evaluate_save(model, trial, ignore_keys_for_eval, start_time, grad_norm, learning_rate)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break
             bar.close()
+            ran_dry = not length_known and self.state.global_step == updates_before_epoch
+            if ran_dry and not self.control.should_training_stop:
+                # An IterableDataset that ran dry: another pass would give nothing either.
+                logger.warning(
+                    f"the training set gave no batches in epoch {epoch + 1}; stopping at update "
+                    f"{self.state.global_step} of max_steps {self.state.max_steps}"
+                )
+                self.control.should_training_stop = True
 
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
             self._log_evaluate_save(model, trial, ignore_keys_for_eval, start_time, None, self._get_learning_rate())
             if self.control.should_training_stop:
                 break
 
-        return self._finish_training(trial, start_time, run_loss)
+        return self._finalize_training(trial, None, start_time)
 
     def _accumulate_window(
         self, model: nn.Module, window: list[dict[str, Any] | None], epoch_loss: _LossTracker, bar: EpochProgressBar
@@ -299,12 +386,14 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             is_update_step = index == len(window) - 1
             # Gradients are all-reduced once per update, on the window's last micro-batch.
             self.accelerator.gradient_state._set_sync_gradients(is_update_step)
+            self._count_work(inputs)
             with self._sync_context(model, is_update_step)():
                 if inputs is None:
-                    self._forward_backward(model, self._stand_in, 0.0, counted=False)
+                    self.micro_batch_weight = 0.0
+                    self.training_step(model, self._stand_in)
                 else:
-                    weight = micro_batch_weight(mass, window_mass, self.accelerator.num_processes)
-                    mean_loss = self._forward_backward(model, inputs, weight)
+                    self.micro_batch_weight = micro_batch_weight(mass, window_mass, self.accelerator.num_processes)
+                    mean_loss = self.training_step(model, inputs)
                     window_loss_sum += mean_loss.double() * mass
             if not is_update_step:
                 bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
@@ -358,32 +447,39 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             return contextlib.nullcontext
         return functools.partial(self.accelerator.no_sync, model=model)
 
-    def _forward_backward(
-        self, model: nn.Module, inputs: dict[str, Any], weight: float, counted: bool = True
-    ) -> torch.Tensor:
-        """One micro-batch: its mean loss, backpropagated with ``weight``. Returns the unscaled mean loss (detached).
-
-        ``counted=False`` (a stand-in for an empty share) adds no FLOs and no tokens.
-        """
-        model.train()
-        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
-            self.optimizer.train()  # schedule-free optimizers switch modes
+    def _count_work(self, inputs: dict[str, Any] | None) -> None:
+        """Add a micro-batch's FLOs and tokens to Trainer's counts (``None``, an empty share, adds none)."""
         # A float even when 0: store_flos gathers every rank's count as one tensor, so the dtypes must agree.
-        self.current_flos += float(self.floating_point_ops(inputs)) if counted else 0.0
-        if counted:
+        self.current_flos += float(self.floating_point_ops(inputs)) if inputs is not None else 0.0
+        if inputs is not None:
             self._track_num_input_tokens(inputs)
         elif self.args.include_num_input_tokens_seen != "no":
             # Trainer's token count gathers over processes on every micro-batch; join it with none.
             self.accelerator.gather(torch.zeros((), dtype=torch.int64, device=self.args.device))
+
+    def training_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
+        """One micro-batch: its mean loss, backpropagated times ``micro_batch_weight``; returns it unscaled, detached.
+
+        The loop calls this once per micro-batch, as stock Trainer does, after
+        setting ``micro_batch_weight`` to the micro-batch's share of its
+        window's loss. A subclass may override it and call ``super()``; the
+        loss it returns is what the loop logs. ``num_items_in_batch`` is
+        ignored: the weight already says how this batch counts in the window.
+        """
+        model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()  # schedule-free optimizers switch modes
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             mean_loss = self.compute_loss(model, inputs)
         if self.args.n_gpu > 1:
             mean_loss = mean_loss.mean()  # nn.DataParallel returns one loss per device
         # Accelerate applies the fp16 GradScaler here; Trainer set its own accumulation to 1,
-        # and DeepSpeed must not divide by its accumulation steps either (weight already does).
+        # and DeepSpeed must not divide by its accumulation steps either (the weight already does).
         kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
-        self.accelerator.backward(mean_loss * weight, **kwargs)
+        self.accelerator.backward(mean_loss * self.micro_batch_weight, **kwargs)
         return mean_loss.detach()
 
     def _update(self, model: nn.Module, window_loss: _LossTracker) -> tuple[float | None, float]:
@@ -416,7 +512,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             self.nonfinite_in_a_row += 1
         else:
             self.nonfinite_in_a_row = 0
-            if not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            # Metric-stepped schedulers wait for the next evaluation (Trainer's _evaluate steps them).
+            if not isinstance(self.lr_scheduler, METRIC_STEPPED_SCHEDULERS):
                 self.lr_scheduler.step()
         model.zero_grad(set_to_none=True)
         limit = getattr(self.args, "max_nonfinite_updates", 5)
@@ -510,9 +607,14 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             self._save_checkpoint(model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
-    def _finish_training(self, trial: Any, start_time: float, run_loss: _LossTracker) -> TrainOutput:
-        """Final metrics, best-model reload, ``on_train_end``."""
-        loss_sum, mass, samples = run_loss.reduced(self.accelerator)
+    def _finalize_training(self, trial: Any, num_train_samples: Any, start_time: float) -> TrainOutput:
+        """Final metrics, best-model reload, ``on_train_end``, NEFTune's hook removed.
+
+        Named as Trainer's: its memory tracker finds the stage ("train") from
+        this method's name. ``num_train_samples`` is unused, since the loop
+        counts the samples it trained.
+        """
+        loss_sum, mass, samples = self._run_loss.reduced(self.accelerator)
         train_loss = loss_sum / mass if mass else float("nan")
         metrics = speed_metrics(
             "train", start_time, num_samples=samples, num_steps=self.state.global_step - self._initial_global_step
@@ -528,6 +630,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             self._load_best_model()
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
         self._finish_current_push()
+        if self.neftune_noise_alpha is not None:
+            # As Trainer: the noise is for training only, so the embeddings' hook goes once it ends.
+            deactivate_neftune(self.model, self.neftune_hook_handle, self.accelerator)
         self.is_in_train = False
         return TrainOutput(self.state.global_step, train_loss, metrics)
 

@@ -1,0 +1,221 @@
+"""Issue 13: Trainer features that must work with ReviewTrainer as they do with stock Trainer.
+
+Each test checks one break found by running transformers' own Trainer tests on
+ReviewTrainer, against stock Trainer on the same arguments (the independent
+reference) or against the full-batch reference of the accumulation contract.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers
+from helpers import flat_parameters, quiet_args, review_dataset, sgd_args
+from test_exactness import reference_full_batch_steps
+from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer, TrainerCallback
+from transformers.testing_utils import CaptureLogger
+
+from finetune import ReviewTrainer
+
+
+@pytest.fixture(scope="module")
+def initial_model(tiny_model_dir):
+    return BertForSequenceClassification.from_pretrained(tiny_model_dir)
+
+
+class _Streamed(torch.utils.data.IterableDataset):
+    """A streaming review set: the samples of ``dataset`` in order, with no ``__len__``."""
+
+    def __init__(self, dataset):
+        self.rows = [dict(row) for row in dataset]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+class _RecordLearningRates(TrainerCallback):
+    """The LR each optimizer step used, read from the optimizer."""
+
+    def __init__(self):
+        self.used = []
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        self.used.append(optimizer.param_groups[0]["lr"])
+
+
+# ---------------------------------------------------------------- 1. IterableDataset
+
+
+def test_iterable_dataset_with_max_steps_trains_exactly(initial_model, tokenizer, tmp_path, capsys):
+    # 9 samples, micro-batch 3, n=2: each pass is windows of 6 and 3 samples; 4 updates = two passes.
+    dataset = review_dataset(tokenizer, 9)
+    collator = DataCollatorWithPadding(tokenizer)
+    model = copy.deepcopy(initial_model)
+    trainer = ReviewTrainer(
+        model=model,
+        args=sgd_args(tmp_path, micro_batch=3, accumulation_steps=2, max_steps=4, disable_tqdm=False),
+        train_dataset=_Streamed(dataset),
+        data_collator=collator,
+    )
+    result = trainer.train()
+    assert result.global_step == 4
+    expected = reference_full_batch_steps(initial_model, dataset, collator, window_samples=6, epochs=2)
+    assert float((flat_parameters(model) - expected).norm() / expected.norm()) < 1e-6
+    bar = capsys.readouterr().err
+    assert "4/4" in bar and "update" in bar  # with no epoch length, the bar counts updates out of max_steps
+
+
+# ------------------------------------------------------ 2. metric-stepped schedulers
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "kwargs"),
+    [
+        ("reduce_lr_on_plateau", {"patience": 0, "factor": 0.5}),
+        ("greedy", {"patience": 0, "factor": 0.5, "min_lr": 1e-6, "max_lr": 1.0}),
+    ],
+)
+def test_metric_stepped_scheduler_steps_after_evaluation_like_stock(
+    initial_model, tokenizer, tmp_path, scheduler, kwargs
+):
+    train, valid = review_dataset(tokenizer, 8, seed=1), review_dataset(tokenizer, 4, seed=2)
+    rates = {}
+    # The same updates on both sides: stock with micro-batch 4, ours with 2 x 2 (stock's n > 1 updates differ).
+    for trainer_class, micro_batch, n in ((Trainer, 4, 1), (ReviewTrainer, 2, 2)):
+        recorder = _RecordLearningRates()
+        trainer_class(
+            model=copy.deepcopy(initial_model),
+            args=quiet_args(
+                tmp_path / trainer_class.__name__,
+                per_device_train_batch_size=micro_batch,
+                gradient_accumulation_steps=n,
+                num_train_epochs=3,
+                learning_rate=0.05,
+                lr_scheduler_type=scheduler,
+                lr_scheduler_kwargs=kwargs,
+                eval_strategy="steps",
+                eval_steps=1,
+                train_sampling_strategy="sequential",
+            ),
+            train_dataset=train,
+            eval_dataset=valid,
+            data_collator=DataCollatorWithPadding(tokenizer),
+            callbacks=[recorder],
+        ).train()
+        rates[trainer_class] = recorder.used
+    assert len(rates[ReviewTrainer]) == 6
+    assert rates[ReviewTrainer] == pytest.approx(rates[Trainer], rel=1e-9)
+    assert len(set(rates[Trainer])) > 1  # the metric moved the rate, so the comparison means something
+
+
+# ------------------------------------------------------------------------ 3. NEFTune
+
+
+def test_neftune_hook_is_removed_after_training(initial_model, tokenizer, tmp_path):
+    left = {}
+    for trainer_class in (Trainer, ReviewTrainer):
+        model = copy.deepcopy(initial_model)
+        trainer = trainer_class(
+            model=model,
+            args=quiet_args(tmp_path, per_device_train_batch_size=4, max_steps=1, neftune_noise_alpha=5.0),
+            train_dataset=review_dataset(tokenizer, 4),
+            data_collator=DataCollatorWithPadding(tokenizer),
+        )
+        embeddings = model.get_input_embeddings()
+        trainer.train()
+        left[trainer_class] = (len(embeddings._forward_hooks), hasattr(embeddings, "neftune_noise_alpha"))
+    assert left[ReviewTrainer] == left[Trainer] == (0, False)
+
+
+# ---------------------------------------------------------------- 4. memory metrics
+
+
+def test_memory_metrics_are_reported_like_stock(initial_model, tokenizer, tmp_path):
+    keys = {}
+    for trainer_class in (Trainer, ReviewTrainer):
+        result = trainer_class(
+            model=copy.deepcopy(initial_model),
+            args=quiet_args(tmp_path, per_device_train_batch_size=4, max_steps=1, skip_memory_metrics=False),
+            train_dataset=review_dataset(tokenizer, 4),
+            data_collator=DataCollatorWithPadding(tokenizer),
+        ).train()
+        keys[trainer_class] = sorted(key for key in result.metrics if "_mem_" in key)
+    assert keys[ReviewTrainer] == keys[Trainer]
+    assert "train_mem_cpu_alloc_delta" in keys[ReviewTrainer]
+
+
+# ------------------------------------------------------------------------ 5. banner
+
+
+def _banner(trainer_class, model, dataset, collator, output_dir) -> list[str]:
+    """The "Running training" lines a trainer logs at info level."""
+    trainer = trainer_class(
+        model=model,
+        args=quiet_args(
+            output_dir,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=3,
+            num_train_epochs=1,
+            log_level="info",
+        ),
+        train_dataset=dataset,
+        data_collator=collator,
+    )
+    try:
+        with CaptureLogger(transformers.utils.logging.get_logger("transformers.trainer")) as captured:
+            trainer.train()
+    finally:
+        transformers.utils.logging.set_verbosity_warning()
+    lines = captured.out.splitlines()
+    start = lines.index("***** Running training *****")
+    return lines[start : start + 9]
+
+
+def test_training_banner_is_logged_like_stock(initial_model, tokenizer, tmp_path):
+    dataset, collator = review_dataset(tokenizer, 6), DataCollatorWithPadding(tokenizer)
+    stock = _banner(Trainer, copy.deepcopy(initial_model), dataset, collator, tmp_path / "stock")
+    ours = _banner(ReviewTrainer, copy.deepcopy(initial_model), dataset, collator, tmp_path / "ours")
+    # The same lines and numbers; ours adds the effective batch's factors (micro-batch x n x processes).
+    effective = "  Total train batch size (w. parallel, distributed & accumulation) = 6"
+    assert effective in stock
+    assert ours == [effective + " (2 x 3 x 1)" if line == effective else line for line in stock]
+
+
+# --------------------------------------------------------- 6. overriding training_step
+
+
+def _counting(trainer_class):
+    class Counting(trainer_class):
+        """A user's subclass that overrides training_step and calls super()."""
+
+        calls = 0
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            type(self).calls += 1
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    return Counting
+
+
+def test_overridden_training_step_is_called_per_micro_batch_and_stays_exact(initial_model, tokenizer, tmp_path):
+    # 10 samples in micro-batches of 2, n=3: 5 micro-batches, windows of 6 and 4 samples.
+    dataset, collator = review_dataset(tokenizer, 10), DataCollatorWithPadding(tokenizer)
+    stock, ours = _counting(Trainer), _counting(ReviewTrainer)
+    stock(
+        model=copy.deepcopy(initial_model),
+        args=sgd_args(tmp_path / "stock", micro_batch=2, accumulation_steps=3),
+        train_dataset=dataset,
+        data_collator=collator,
+    ).train()
+    model = copy.deepcopy(initial_model)
+    ours(
+        model=model,
+        args=sgd_args(tmp_path / "ours", micro_batch=2, accumulation_steps=3),
+        train_dataset=dataset,
+        data_collator=collator,
+    ).train()
+    assert ours.calls == stock.calls == 5
+    expected = reference_full_batch_steps(initial_model, dataset, collator, window_samples=6)
+    assert float((flat_parameters(model) - expected).norm() / expected.norm()) < 1e-6
