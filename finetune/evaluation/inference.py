@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import torch
 from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
+from ..errors import FinetuneError
+
+
+def check_batch_size(batch_size: int) -> None:
+    """Refuse a batch of fewer than one review: ``range(0, n, -1)`` would silently score nothing."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise FinetuneError(f"batch_size must be a whole number >= 1 (got {batch_size!r}); pass --batch_size 32")
+
+
+def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]:
+    """The classifier in ``model_dir`` and its tokenizer, for :func:`predict_probabilities`."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from ..training.runs import require_model_folder
+
+    require_model_folder(model_dir)
+    # The "Loading weights" bar would interleave with predictions and error lines on stderr.
+    showing_bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True)
+    finally:
+        if showing_bars:
+            hf_logging.enable_progress_bar()
+    return model, AutoTokenizer.from_pretrained(model_dir)
 
 
 def predict_probabilities(
@@ -23,6 +52,7 @@ def predict_probabilities(
     Rows are sorted by length so each batch pads only to its own longest
     (padding is wasted compute), and run under ``inference_mode``.
     """
+    check_batch_size(batch_size)
     encoding = encoding or ReviewEncoding()
     if encoding.sliding_window:
         rows, owners = encode_windows(tokenizer, texts, encoding)
