@@ -56,6 +56,8 @@ def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
         split=options.split,
         batch_size=options.batch_size,
         baseline=not options.no_baseline,
+        resamples=options.resamples,
+        seed=options.seed,
     )
 
 
@@ -170,6 +172,10 @@ def build_cli() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default="test", help="which split of the run's data to score (default: test)")
     evaluate.add_argument("--batch_size", type=positive_int, default=32)
     evaluate.add_argument("--no_baseline", action="store_true", help="skip the TF-IDF baseline row")
+    evaluate.add_argument(
+        "--resamples", type=positive_int, default=1000, help="bootstrap resamples for the 95%% intervals"
+    )
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples (default: 0)")
     evaluate.set_defaults(handler=_evaluate)
 
     baseline = commands.add_parser(
