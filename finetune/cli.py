@@ -8,6 +8,7 @@
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
+| ``export MODEL --int8 [--output DIR]`` | :func:`finetune.commands.export.export` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
@@ -86,6 +87,12 @@ def _predict(options: argparse.Namespace, extra: list[str]) -> None:
         batch_size=options.batch_size,
         overwrite=options.overwrite,
     )
+
+
+def _export(options: argparse.Namespace, extra: list[str]) -> None:
+    from .commands.export import export
+
+    export(options.model, output=options.output, int8=options.int8)
 
 
 def _bench(options: argparse.Namespace, extra: list[str]) -> None:
@@ -207,6 +214,14 @@ def build_cli() -> argparse.ArgumentParser:
     predict.add_argument("--batch_size", type=positive_int, default=32)
     predict.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     predict.set_defaults(handler=_predict)
+
+    export = commands.add_parser(
+        "export", help="an int8 ONNX copy of a model for fast CPU prediction (needs: pip install 'finetune[export]')"
+    )
+    export.add_argument("model", help="a model folder (a run's output_dir or a checkpoint)")
+    export.add_argument("--int8", action="store_true", help="dynamic int8 quantization of the Linear layers")
+    export.add_argument("--output", metavar="DIR", help="where the exported folder goes (default: MODEL-int8)")
+    export.set_defaults(handler=_export)
 
     bench = commands.add_parser(
         "bench",

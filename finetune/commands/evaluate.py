@@ -36,7 +36,8 @@ def evaluate(
     With ``baseline`` (and the run's train split at hand) the TF-IDF baseline,
     fit on that split, is scored on the same reviews and added as a last row.
     """
-    from ..training.runs import checkpoints, require_model_folder
+    from ..evaluation.inference import require_inference_folder
+    from ..training.runs import checkpoints
 
     folder = Path(path)
     if not folder.exists():
@@ -45,7 +46,7 @@ def evaluate(
     if (folder / "config.json").is_file() or not models:
         models.append(folder)
     for model_dir in models:
-        require_model_folder(model_dir)
+        require_inference_folder(model_dir)
 
     # Every checkpoint of a run shares its classes and data: read the data once.
     from transformers import AutoConfig
