@@ -4,7 +4,7 @@
 | --- | --- |
 | ``train RECIPE [--field value ...]`` | :func:`finetune.commands.train.train` |
 | ``train RECIPE --seeds N [--field value ...]`` | :func:`finetune.commands.seeds.train_seeds` |
-| ``evaluate PATH [--data FILE]`` | :func:`finetune.commands.evaluate.evaluate` |
+| ``evaluate PATH [PATH ...] [--data FILE] [--calibrate]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
@@ -52,13 +52,14 @@ def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
     from .commands.evaluate import evaluate
 
     evaluate(
-        options.path,
+        options.path if len(options.path) > 1 else options.path[0],
         data=options.data,
         split=options.split,
         batch_size=options.batch_size,
         baseline=not options.no_baseline,
         resamples=options.resamples,
         seed=options.seed,
+        calibrate=options.calibrate,
     )
 
 
@@ -174,7 +175,9 @@ def build_cli() -> argparse.ArgumentParser:
     train.set_defaults(handler=_train)
 
     evaluate = commands.add_parser("evaluate", help="score a model folder or every checkpoint of a run")
-    evaluate.add_argument("path", help="a run folder (output_dir) or a model/checkpoint folder")
+    evaluate.add_argument(
+        "path", nargs="+", help="a run folder (output_dir) or a model/checkpoint folder; several to compare runs"
+    )
     evaluate.add_argument("--data", help="a labelled file with the recipe's columns (default: the run's test split)")
     evaluate.add_argument("--split", default="test", help="which split of the run's data to score (default: test)")
     evaluate.add_argument("--batch_size", type=positive_int, default=32)
@@ -183,6 +186,11 @@ def build_cli() -> argparse.ArgumentParser:
         "--resamples", type=positive_int, default=1000, help="bootstrap resamples for the 95%% intervals"
     )
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples (default: 0)")
+    evaluate.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="fit a temperature on validation and fold it into the folder's model (predict and pipeline() use it)",
+    )
     evaluate.set_defaults(handler=_evaluate)
 
     baseline = commands.add_parser(

@@ -17,15 +17,21 @@ WORDS = ["great", "terrible", "fine", "broke", "love", "awful", "okay", "cheap"]
 # the rows (or the results) grows by at least 100k x 400 bytes = 38 MiB, one that streams does not.
 PAYLOAD = "x" * 400
 
+# Peak memory is VmHWM, the high-water mark of this process's own address space: ru_maxrss
+# would carry over the peak of the (large) test process that started it.
 _CHILD = """
-import json, resource, sys
+import json, sys
 from finetune.commands.predict import predict
+
+def peak_kib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
 model, small, big, output = sys.argv[1:5]
 predict(model, small, output + ".warm.csv", batch_size=256)  # model, tokenizer and one full batch in memory
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_kib()
 count = predict(model, big, output, batch_size=256)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"count": count, "peak_before_kib": before, "peak_after_kib": after}))
+print(json.dumps({"count": count, "peak_before_kib": before, "peak_after_kib": peak_kib()}))
 """
 
 

@@ -57,6 +57,22 @@ def run_in_child(spec: SystemSpec, queue: Any) -> None:
         queue.put(("error", f"{spec.system}: {type(error).__name__}: {error}\n{traceback.format_exc()}"))
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory: VmHWM where Linux gives it, else ru_maxrss.
+
+    ru_maxrss survives exec on Linux, so a spawned child would report at least the
+    parent's peak at fork time; VmHWM belongs to the new address space and starts afresh.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
 def _quiet() -> None:
     import logging
 
@@ -166,7 +182,7 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         updates = result.global_step
     seconds = time.perf_counter() - started
 
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    peak_rss = peak_rss_bytes()
     return {
         "system": spec.system,
         "seconds": seconds,
@@ -294,5 +310,5 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         "seconds": seconds,
         "predictions": probabilities.argmax(-1).tolist(),
         "labels": labels,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss_bytes(),
     }

@@ -14,13 +14,14 @@ from ..errors import FinetuneError
 
 
 def evaluate(
-    path: str,
+    path: str | list[str],
     data: str | None = None,
     split: str = "test",
     batch_size: int = 32,
     baseline: bool = True,
     resamples: int = 1000,
     seed: int = 0,
+    calibrate: bool = False,
 ) -> list[dict[str, Any]]:
     """Score ``path`` (a model folder or a run folder) and print a table; returns one report per model.
 
@@ -28,31 +29,51 @@ def evaluate(
     resamples of the reviews, ``seed``), and every model but the best with a
     paired test against the best on the same resamples; the best model's
     largest losses go to ``errors_<split>.csv`` and its calibration (ECE) to a
-    reliability diagram.
+    reliability diagram. With ``calibrate``, a temperature fitted on the run's
+    validation split is folded into the folder's own model (see
+    :func:`calibrate_model`).
 
     For a run folder every ``checkpoint-*`` is scored as well as the final
     model, and the best by macro-F1 is marked. The data is the run's
     ``split`` (from its recipe) unless ``data`` names a file with the same columns.
     With ``baseline`` (and the run's train split at hand) the TF-IDF baseline,
     fit on that split, is scored on the same reviews and added as a last row.
+
+    Several paths compare runs: each run's own model (the one training kept,
+    the best by validation with ``load_best_model_at_end``) on the first run's
+    data, one table and one picture, written to ``<first run>/comparison/``.
     """
+
     from ..evaluation.inference import require_inference_folder
     from ..training.runs import checkpoints
 
-    folder = Path(path)
-    if not folder.exists():
-        raise FinetuneError(f"{path} not found; pass a run folder (output_dir) or a checkpoint-* folder")
-    models = checkpoints(folder)
-    if (folder / "config.json").is_file() or not models:
-        models.append(folder)
+    paths = [path] if isinstance(path, str) else list(path)
+    for given in paths:
+        if not Path(given).exists():
+            raise FinetuneError(f"{given} not found; pass a run folder (output_dir) or a checkpoint-* folder")
+    folder = Path(paths[0])
+    if len(paths) > 1:
+        models = [Path(given) for given in paths]
+        if calibrate:
+            raise FinetuneError("--calibrate takes one run; calibrate each run on its own")
+    else:
+        models = checkpoints(folder)
+        if (folder / "config.json").is_file() or not models:
+            models.append(folder)
     for model_dir in models:
         require_inference_folder(model_dir)
 
-    # Every checkpoint of a run shares its classes and data: read the data once.
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(models[0])
-    label_names = [config.id2label[index] for index in range(config.num_labels)]
+    # Every model scored shares its classes and data: read the data once.
+    label_names = _label_names(models[0])
+    for model_dir in models[1:]:
+        if _label_names(model_dir) != label_names:
+            raise FinetuneError(
+                f"{model_dir} has classes {_label_names(model_dir)}, {models[0]} has {label_names}; "
+                "compare runs trained on the same classes"
+            )
+    if len(paths) > 1:
+        folder = folder / "comparison"
+        folder.mkdir(exist_ok=True)
     scoring = load_labelled_texts(models[0], data, split, label_names)
     scored = [_score(model_dir, scoring, label_names, batch_size) for model_dir in models]
     reports = [report for report, _ in scored]
@@ -70,12 +91,21 @@ def evaluate(
     print(format_table(reports))
     scored_on = Path(data).stem if data else split
     written = write_errors_and_calibration(folder, scored_on, scoring, probabilities[best], label_names, reports[best])
+    if calibrate:
+        written.append(calibrate_model(models[-1], label_names, batch_size, probabilities[-1], scoring.labels))
     out_name = f"evaluation_{scored_on}.json"
     (folder / out_name).write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
     print(f"saved to {folder / out_name}", file=sys.stderr)
     written += write_pictures_and_table(folder, scored_on, reports, label_names)
     print(f"also wrote {', '.join(path.name for path in written)}", file=sys.stderr)
     return reports
+
+
+def _label_names(model_dir: Path) -> list[str]:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    return [config.id2label[index] for index in range(config.num_labels)]
 
 
 def add_uncertainty(
@@ -96,6 +126,59 @@ def add_uncertainty(
             report["vs_best"] = paired_comparison(
                 predictions[best], predicted, labels, len(label_names), resamples, seed
             )
+
+
+def calibrate_model(
+    model_dir: Path, label_names: list[str], batch_size: int, scored_probabilities: Any, scored_labels: list[int]
+) -> Path:
+    """Fit a temperature on the validation split and fold it into ``model_dir``'s classifier; write calibration.json.
+
+    The last linear layer's weights and bias are divided by T, so the saved
+    logits are already the calibrated ones: ``finetune predict`` and
+    ``transformers.pipeline`` use them with no code of their own. Predicted
+    classes do not change. Fitting again on a calibrated model finds T near 1.
+    """
+    from ..evaluation.calibration import (
+        expected_calibration_error,
+        fit_temperature,
+        scale_classifier,
+        temperature_scaled,
+    )
+    from ..evaluation.export import is_onnx_folder
+    from ..evaluation.inference import load_inference_model, predict_probabilities
+
+    if is_onnx_folder(model_dir):
+        raise FinetuneError(f"{model_dir} is an ONNX export; calibrate the PyTorch model, then export it again")
+    validation = load_labelled_texts(model_dir, None, "validation", label_names)
+    model, tokenizer = load_inference_model(model_dir)
+    probabilities = predict_probabilities(model, tokenizer, validation.texts, batch_size, validation.encoding)
+    temperature = fit_temperature(probabilities, validation.labels)
+    record_path = model_dir / "calibration.json"
+    earlier = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else {}
+    record = {
+        "method": "temperature scaling, folded into the last linear layer (weights and bias divided by T)",
+        "temperature": temperature,
+        # A second calibration scales the already scaled logits: the total is the product.
+        "total_temperature": temperature * earlier.get("total_temperature", 1.0),
+        "fitted_on": f"validation, {len(validation.labels)} reviews",
+        "validation_ece_before": expected_calibration_error(probabilities, validation.labels),
+        "validation_ece_after": expected_calibration_error(
+            temperature_scaled(probabilities, temperature), validation.labels
+        ),
+        "scored_ece_before": expected_calibration_error(scored_probabilities, scored_labels),
+        "scored_ece_after": expected_calibration_error(
+            temperature_scaled(scored_probabilities, temperature), scored_labels
+        ),
+    }
+    scale_classifier(model, temperature).save_pretrained(model_dir)
+    record_path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(
+        f"calibrated {model_dir}: T = {temperature:.3f}, validation ECE {record['validation_ece_before']:.3f} -> "
+        f"{record['validation_ece_after']:.3f}, scored split {record['scored_ece_before']:.3f} -> "
+        f"{record['scored_ece_after']:.3f}",
+        file=sys.stderr,
+    )
+    return record_path
 
 
 def write_errors_and_calibration(
@@ -145,7 +228,9 @@ def write_pictures_and_table(
     written = [table, confusion]
     if all("intervals" in report for report in reports):
         scores = folder / f"scores_{scored_on}.png"
-        shown = [report for report in reports if report.get("best") or report.get("kind") == "baseline"]
+        # A run's checkpoints: the best against the baseline; runs compared: every run.
+        compared = all(report["step"] is None for report in reports)
+        shown = [report for report in reports if compared or report.get("best") or report.get("kind") == "baseline"]
         plot_scores(scores, shown, label_names, f"{scored_on}, {best['num_samples']} reviews")
         written.append(scores)
     models = [report for report in reports if report.get("kind") != "baseline"]

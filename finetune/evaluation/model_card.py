@@ -234,14 +234,17 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
         "",
         *_interval_note(test),
         *_against_baseline(test, baseline),
-        "| class | precision | recall | F1 [95% interval] | test reviews |",
-        "| --- | --- | --- | --- | --- |",
+        "| class | precision | recall | F1 | F1 95% interval | test reviews |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, support in zip(test["per_class"], _supports(test)):
         scores = test["per_class"][name]
         f1_interval = (test.get("intervals") or {}).get("per_class_f1", {}).get(name)
-        f1 = f"{scores['f1']:.3f}" + (f" [{f1_interval[0]:.3f}, {f1_interval[1]:.3f}]" if f1_interval else "")
-        lines.append(f"| {name} | {scores['precision']:.3f} | {scores['recall']:.3f} | {f1} | {support} |")
+        interval = f"[{f1_interval[0]:.3f}, {f1_interval[1]:.3f}]" if f1_interval else "-"
+        lines.append(
+            f"| {name} | {scores['precision']:.3f} | {scores['recall']:.3f} | {scores['f1']:.3f} | {interval} | "
+            f"{support} |"
+        )
     names = list(test["per_class"])
     lines += [
         "",
