@@ -200,3 +200,19 @@ def test_evaluate_writes_intervals_errors_and_calibrates_for_pipeline(trained_ru
     for row, scores in zip(expected, classify(texts)):
         by_label = {score["label"]: score["score"] for score in scores}
         np.testing.assert_allclose([by_label[name] for name in CLASSES], row, atol=1e-5)
+
+
+def test_evaluate_compares_runs_side_by_side(trained_run, tmp_path, capsys):
+    import shutil
+
+    twin = tmp_path / "twin"
+    shutil.copytree(trained_run, twin, ignore=shutil.ignore_patterns("checkpoint-*", "evaluation_*", "*.png"))
+    assert main(["evaluate", str(trained_run), str(twin), "--no_baseline", "--resamples", "50"]) == 0
+    table = capsys.readouterr().out
+    assert f"| {trained_run.name} | final |" in table and "| twin | final |" in table
+    # The same model twice: the same predictions, so nothing tells them apart.
+    assert "not distinguishable" in table
+    reports = json.loads((trained_run / "comparison" / "evaluation_test.json").read_text())
+    assert [Path(report["model"]).name for report in reports] == [trained_run.name, "twin"]
+    assert reports[1]["vs_best"]["distinguishable"] is False
+    assert (trained_run / "comparison" / "scores_test.png").is_file()
