@@ -20,8 +20,10 @@ ones that once failed). The cases, by family:
 - faults while training: a full disk or file-size limit at a checkpoint (safetensors and torch.save)
   and at the final save, non-finite weights at the final save, SIGTERM during an evaluation, a
   fetch killed part-way;
-- evaluate and predict: batch sizes of 0 and -1, --output into a missing or unwritable folder, a
-  checkpoint without weights, an empty folder, a missing input, an unquoted comma.
+- evaluate and predict: batch sizes of 0 and -1 (from the command line and from Python), --output
+  into a missing or unwritable folder or one that cannot be opened, a checkpoint without weights, an
+  empty folder, a missing input, an unquoted comma, a Latin-1 or UTF-16 input file, Latin-1 on stdin,
+  an endless line on stdin, a CSV field over the length cap, a failure part-way through a stream.
 """
 
 from __future__ import annotations
