@@ -5,7 +5,7 @@ quantized tensors are deprecated and to be removed; torchao's int8 dynamic
 quantization ran 2.4x slower than fp32 here in eager mode on CPU. ONNX
 Runtime is maintained, quantizes the weights of every MatMul (the Linear
 layers) to int8 per channel and quantizes activations on the fly, and runs
-them with VNNI/AVX2 integer kernels.
+them with integer matrix products.
 
 The folder it writes holds ``model_int8.onnx``, the model's ``config.json``
 (labels), its tokenizer and the run's ``finetune_run.json``, so
