@@ -4,10 +4,11 @@
 | --- | --- |
 | ``train RECIPE [--field value ...]`` | :func:`finetune.commands.train.train` |
 | ``train RECIPE --seeds N [--field value ...]`` | :func:`finetune.commands.seeds.train_seeds` |
-| ``evaluate PATH [--data FILE]`` | :func:`finetune.commands.evaluate.evaluate` |
+| ``evaluate PATH [PATH ...] [--data FILE] [--calibrate]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
+| ``export MODEL --int8 [--output DIR]`` | :func:`finetune.commands.export.export` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
@@ -51,11 +52,14 @@ def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
     from .commands.evaluate import evaluate
 
     evaluate(
-        options.path,
+        options.path if len(options.path) > 1 else options.path[0],
         data=options.data,
         split=options.split,
         batch_size=options.batch_size,
         baseline=not options.no_baseline,
+        resamples=options.resamples,
+        seed=options.seed,
+        calibrate=options.calibrate,
     )
 
 
@@ -84,6 +88,12 @@ def _predict(options: argparse.Namespace, extra: list[str]) -> None:
         batch_size=options.batch_size,
         overwrite=options.overwrite,
     )
+
+
+def _export(options: argparse.Namespace, extra: list[str]) -> None:
+    from .commands.export import export
+
+    export(options.model, output=options.output, int8=options.int8)
 
 
 def _bench(options: argparse.Namespace, extra: list[str]) -> None:
@@ -165,11 +175,22 @@ def build_cli() -> argparse.ArgumentParser:
     train.set_defaults(handler=_train)
 
     evaluate = commands.add_parser("evaluate", help="score a model folder or every checkpoint of a run")
-    evaluate.add_argument("path", help="a run folder (output_dir) or a model/checkpoint folder")
+    evaluate.add_argument(
+        "path", nargs="+", help="a run folder (output_dir) or a model/checkpoint folder; several to compare runs"
+    )
     evaluate.add_argument("--data", help="a labelled file with the recipe's columns (default: the run's test split)")
     evaluate.add_argument("--split", default="test", help="which split of the run's data to score (default: test)")
     evaluate.add_argument("--batch_size", type=positive_int, default=32)
     evaluate.add_argument("--no_baseline", action="store_true", help="skip the TF-IDF baseline row")
+    evaluate.add_argument(
+        "--resamples", type=positive_int, default=1000, help="bootstrap resamples for the 95%% intervals"
+    )
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples (default: 0)")
+    evaluate.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="fit a temperature on validation and fold it into the folder's model (predict and pipeline() use it)",
+    )
     evaluate.set_defaults(handler=_evaluate)
 
     baseline = commands.add_parser(
@@ -201,6 +222,14 @@ def build_cli() -> argparse.ArgumentParser:
     predict.add_argument("--batch_size", type=positive_int, default=32)
     predict.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     predict.set_defaults(handler=_predict)
+
+    export = commands.add_parser(
+        "export", help="an int8 ONNX copy of a model for fast CPU prediction (needs: pip install 'finetune[export]')"
+    )
+    export.add_argument("model", help="a model folder (a run's output_dir or a checkpoint)")
+    export.add_argument("--int8", action="store_true", help="dynamic int8 quantization of the Linear layers")
+    export.add_argument("--output", metavar="DIR", help="where the exported folder goes (default: MODEL-int8)")
+    export.set_defaults(handler=_export)
 
     bench = commands.add_parser(
         "bench",

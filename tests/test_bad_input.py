@@ -20,8 +20,10 @@ ones that once failed). The cases, by family:
 - faults while training: a full disk or file-size limit at a checkpoint (safetensors and torch.save)
   and at the final save, non-finite weights at the final save, SIGTERM during an evaluation, a
   fetch killed part-way;
-- evaluate and predict: batch sizes of 0 and -1, --output into a missing or unwritable folder, a
-  checkpoint without weights, an empty folder, a missing input, an unquoted comma.
+- evaluate and predict: batch sizes of 0 and -1 (from the command line and from Python), --output
+  into a missing or unwritable folder or one that cannot be opened, a checkpoint without weights, an
+  empty folder, a missing input, an unquoted comma, a Latin-1 or UTF-16 input file, Latin-1 on stdin,
+  an endless line on stdin, a CSV field over the length cap, a failure part-way through a stream.
 """
 
 from __future__ import annotations
@@ -833,3 +835,69 @@ def test_predict_output_into_an_unwritable_folder(tiny_model_dir, tmp_path, caps
     error = run_cli(["predict", tiny_model_dir, "--output", output], capsys)
     assert error.startswith(f"error: --output {output}: cannot write in {output.parent} (")
     assert error.endswith("); choose another --output")
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"review\ncaf\xe9 au lait,\n", "in.csv is not UTF-8 (byte 0xe9 at offset 10, likely Latin-1 or Windows-1252)"),
+        (b'{"text": "caf\xe9"}\n', "in.jsonl is not UTF-8 (byte 0xe9 at offset 13, likely Latin-1 or Windows-1252)"),
+        (b"\xff\xfer\x00e\x00v\x00i\x00e\x00w\x00\n\x00", "in.csv is UTF-16 text; save it as UTF-8"),
+    ],
+    ids=["latin1-csv", "latin1-jsonl", "utf16-csv"],
+)
+def test_predict_input_not_utf8(tiny_model_dir, tmp_path, capsys, data, expected):
+    name = "in.jsonl" if b"{" in data else "in.csv"
+    (tmp_path / name).write_bytes(data)
+    assert expected in run_cli(["predict", tiny_model_dir, "--input", tmp_path / name], capsys)
+
+
+@pytest.mark.parametrize(
+    ("stdin", "expected"),
+    [
+        (b"fine\ncaf\xe9\n", "error: stdin is not UTF-8 (byte 0xe9, likely Latin-1 or Windows-1252)"),
+        # What `predict < /dev/zero` reads: one endless line, refused at the cap, not read whole.
+        (b"\x00" * 300_000, "error: stdin line 1 is longer than 100,000 characters, too long for a review"),
+    ],
+    ids=["latin1-stdin", "endless-line"],
+)
+def test_predict_stdin_not_text(tiny_model_dir, monkeypatch, capsys, stdin, expected):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    assert run_cli(["predict", tiny_model_dir], capsys).startswith(expected)
+
+
+def test_predict_csv_field_too_long(tiny_model_dir, tmp_path, capsys):
+    write_csv(tmp_path / "in.csv", 'review\n"' + "a" * 100_001 + '"\n')
+    message = run_cli(["predict", tiny_model_dir, "--input", tmp_path / "in.csv"], capsys)
+    assert "in.csv row 2: field larger than field limit (100000); a field may hold at most 100,000" in message
+
+
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_predict_probabilities_refuses_batch_below_one_from_python(tiny_model_dir, batch_size):
+    from finetune.evaluation.inference import load_inference_model, predict_probabilities
+
+    model, tokenizer = load_inference_model(Path(tiny_model_dir))
+    with pytest.raises(FinetuneError) as error:
+        predict_probabilities(model, tokenizer, ["fine"], batch_size=batch_size)
+    assert str(error.value) == f"batch_size must be a whole number >= 1 (got {batch_size}); pass --batch_size 32"
+
+
+def test_predict_output_that_cannot_be_opened_from_python(tiny_model_dir, tmp_path):
+    from finetune.commands.predict import predict
+
+    (tmp_path / "in.csv").write_text("review\nfine\n", encoding="utf-8")
+    (tmp_path / "a-file").write_text("", encoding="utf-8")
+    with pytest.raises(FinetuneError, match=r"^--output .*a-file/out.csv: cannot write \(Not a directory\)"):
+        predict(str(tiny_model_dir), str(tmp_path / "in.csv"), str(tmp_path / "a-file" / "out.csv"))
+
+
+def test_predict_failing_mid_stream_keeps_the_earlier_output(tiny_model_dir, tmp_path, capsys):
+    (tmp_path / "in.jsonl").write_text('{"text": "fine"}\n' * 1500 + "not json\n", encoding="utf-8")
+    output = tmp_path / "out.csv"
+    output.write_text("an earlier output\n", encoding="utf-8")
+    argv = ["predict", tiny_model_dir, "--input", tmp_path / "in.jsonl", "--output", output, "--overwrite"]
+    assert "in.jsonl is not JSON Lines (line 1501)" in run_cli(argv, capsys)
+    assert output.read_text(encoding="utf-8") == "an earlier output\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.jsonl", "out.csv"]

@@ -41,9 +41,17 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys):
         "real_tokens_per_second vs classic loop",
     }
     assert report["inference"]["max_abs_probability_difference"] < 1e-4
+    # finetune predict from the saved fp32 model and from its int8 export, on the same held-out reviews.
+    prediction = report["prediction"]
+    assert set(prediction["systems"]) == {"predict fp32", "predict int8"}
+    for row in prediction["systems"].values():
+        assert row["reviews"] == 111 and row["reviews_per_second"] > 0 and row["peak_rss_mib"] > 0
+    ratios = prediction["int8_vs_fp32"]
+    assert ratios["speedup"] > 0 and 0.0 <= ratios["agreement"] <= 1.0
     text = capsys.readouterr().out
     # Ratios come first, then the table.
     assert text.index("ReviewTrainer real tokens/s vs stock Trainer") < text.index("| system |")
+    assert "int8 prediction vs fp32:" in text and "| predict int8 |" in text
 
 
 def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):

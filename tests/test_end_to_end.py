@@ -165,3 +165,54 @@ def test_predict_cleans_and_joins_like_training():
 
     rows = [{"title": "Nice", "review": "It&#039;s fine<br />Really"}, {"title": "", "review": "plain"}]
     assert _model_inputs(rows, "review", "title", clean=True) == ["Nice. It's fine\nReally", "plain"]
+
+
+def test_evaluate_writes_intervals_errors_and_calibrates_for_pipeline(trained_run, tmp_path):
+    import shutil
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("checkpoint-*"))
+    texts = ["Broke after two days, sent it back.", "Love it, works perfectly!"]
+    tokenizer = AutoTokenizer.from_pretrained(run)
+    with torch.no_grad():
+        before = AutoModelForSequenceClassification.from_pretrained(run)(
+            **tokenizer(texts, padding=True, return_tensors="pt")
+        ).logits
+
+    assert main(["evaluate", str(run), "--calibrate", "--resamples", "100"]) == 0
+    model_report, baseline = json.loads((run / "evaluation_test.json").read_text())
+    low, high = model_report["intervals"]["accuracy"]
+    assert low <= model_report["accuracy"] <= high and model_report["intervals"]["resamples"] == 100
+    assert "vs_best" in baseline and 0.0 <= model_report["ece"] <= 1.0
+    errors = list(csv.DictReader((run / "errors_test.csv").read_text(encoding="utf-8").splitlines()))
+    assert list(errors[0]) == ["text", "true", "predicted", "probability", "true_probability", "loss"]
+    assert [float(row["loss"]) for row in errors] == sorted((float(row["loss"]) for row in errors), reverse=True)
+    assert (run / "reliability_test.png").is_file() and (run / "scores_test.png").is_file()
+
+    # pipeline() reads the calibrated folder with no code: its probabilities are softmax(logits / T).
+    temperature = json.loads((run / "calibration.json").read_text())["temperature"]
+    classify = pipeline("text-classification", model=str(run), device="cpu", top_k=None)
+    expected = torch.softmax(before / temperature, dim=-1).numpy()
+    for row, scores in zip(expected, classify(texts)):
+        by_label = {score["label"]: score["score"] for score in scores}
+        np.testing.assert_allclose([by_label[name] for name in CLASSES], row, atol=1e-5)
+
+
+def test_evaluate_compares_runs_side_by_side(trained_run, tmp_path, capsys):
+    import shutil
+
+    twin = tmp_path / "twin"
+    shutil.copytree(trained_run, twin, ignore=shutil.ignore_patterns("checkpoint-*", "evaluation_*", "*.png"))
+    assert main(["evaluate", str(trained_run), str(twin), "--no_baseline", "--resamples", "50"]) == 0
+    table = capsys.readouterr().out
+    assert f"| {trained_run.name} | final |" in table and "| twin | final |" in table
+    # The same model twice: the same predictions, so nothing tells them apart.
+    assert "not distinguishable" in table
+    reports = json.loads((trained_run / "comparison" / "evaluation_test.json").read_text())
+    assert [Path(report["model"]).name for report in reports] == [trained_run.name, "twin"]
+    assert reports[1]["vs_best"]["distinguishable"] is False
+    assert (trained_run / "comparison" / "scores_test.png").is_file()

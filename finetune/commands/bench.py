@@ -28,7 +28,16 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..errors import FinetuneError
-from .bench_systems import CLASSIC_LOOP, INFERENCE, REVIEW_TRAINER, STOCK_TRAINER, SystemSpec, run_in_child
+from .bench_systems import (
+    CLASSIC_LOOP,
+    INFERENCE,
+    PREDICT_FP32,
+    PREDICT_INT8,
+    REVIEW_TRAINER,
+    STOCK_TRAINER,
+    SystemSpec,
+    run_in_child,
+)
 
 TRAINING_SYSTEMS = (REVIEW_TRAINER, STOCK_TRAINER, CLASSIC_LOOP)
 MEMORY_ACCUMULATION_STEPS = (1, 4, 16)
@@ -96,8 +105,9 @@ def bench(
                 held_out = "test" if "test" in data.splits else "validation"
                 if inference:
                     path = workdir / "inference"
-                    data.splits[held_out].select_columns(["text"]).save_to_disk(str(path))
+                    data.splits[held_out].select_columns(["text", "labels"]).save_to_disk(str(path))
                     specs.append(SystemSpec(INFERENCE, recipe, overrides, str(path), data.label_names, updates))
+                    specs += _prediction_specs(run, recipe, overrides, tokenizer, data.label_names, str(path), workdir)
         results = _run_children(specs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -120,13 +130,16 @@ def bench(
         report["runs"] = [_memory_row(result) for result in results]
         text = format_memory_report(report)
     else:
-        training = [result for result in results if result["system"] != INFERENCE]
+        training = [result for result in results if result["system"] in TRAINING_SYSTEMS]
         report["systems"] = [_speed_row(result, model_shape, gemm_peak) for result in training]
         report["same_samples"] = len({tuple(result["sample_ids"]) for result in training}) == 1
         report["ratios"] = _ratios(report["systems"])
         inference_results = [result for result in results if result["system"] == INFERENCE]
         if inference_results:
             report["inference"] = _inference_row(inference_results[0])
+        by_system = {result["system"]: result for result in results}
+        if PREDICT_FP32 in by_system:
+            report["prediction"] = _prediction_rows(by_system[PREDICT_FP32], by_system.get(PREDICT_INT8))
         text = format_speed_report(report)
     print(text)
     if output:
@@ -195,10 +208,46 @@ def _memory_specs(
     ]
 
 
+def _prediction_specs(
+    run: Any,
+    recipe: str | None,
+    overrides: list[str],
+    tokenizer: Any,
+    label_names: list[str],
+    held_out: str,
+    workdir: Path,
+) -> list[SystemSpec]:
+    """``finetune predict`` from the recipe's model saved as is (fp32) and exported to int8, when ONNX Runtime is here.
+
+    With ``--model_name_or_path`` a fine-tuned run, the accuracies are real; a base model gets
+    a seeded random head, so only the speeds and the agreement mean something.
+    """
+    from transformers import set_seed
+
+    from ..evaluation.export import export_int8, require_onnx_runtime
+    from ..training.modeling import load_classifier
+
+    set_seed(run.training.seed)
+    model = load_classifier(run.model, label_names)
+    fp32_dir, int8_dir = workdir / "predict-fp32", workdir / "predict-int8"
+    model.save_pretrained(fp32_dir)
+    tokenizer.save_pretrained(fp32_dir)
+    specs = [SystemSpec(PREDICT_FP32, recipe, overrides, held_out, label_names, 1, model_dir=str(fp32_dir))]
+    try:
+        require_onnx_runtime()
+    except FinetuneError as missing:
+        print(f"note: no int8 rows: {missing}", file=sys.stderr)
+        return specs
+    export_int8(model, tokenizer, int8_dir, source=run.model.model_name_or_path)
+    specs.append(SystemSpec(PREDICT_INT8, recipe, overrides, held_out, label_names, 1, model_dir=str(int8_dir)))
+    return specs
+
+
 def _run_children(specs: list[SystemSpec]) -> list[dict[str, Any]]:
     """Run each spec in a fresh process, one after another, with one progress bar over all updates."""
     context = multiprocessing.get_context("spawn")
-    total = sum(2 if spec.system == INFERENCE else spec.updates for spec in specs)
+    steps = {INFERENCE: 2, PREDICT_FP32: 1, PREDICT_INT8: 1}
+    total = sum(steps.get(spec.system, spec.updates) for spec in specs)
     results = []
     with tqdm(total=total, desc="bench", unit="update", dynamic_ncols=True) as bar:
         for spec in specs:
@@ -269,6 +318,34 @@ def _inference_row(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _prediction_rows(fp32: dict[str, Any], int8: dict[str, Any] | None) -> dict[str, Any]:
+    """Reviews/s, accuracy and peak memory of fp32 and int8 prediction, and int8 as ratios of fp32."""
+    import numpy as np
+
+    labels = np.asarray(fp32["labels"])
+    rows = {}
+    for result in (fp32, int8):
+        if result is None:
+            continue
+        rows[result["system"]] = {
+            "reviews": result["samples"],
+            "seconds": result["seconds"],
+            "reviews_per_second": result["samples"] / result["seconds"],
+            "accuracy": float(np.mean(np.asarray(result["predictions"]) == labels)),
+            "peak_rss_mib": result["peak_rss_bytes"] / MIB,
+        }
+    report: dict[str, Any] = {"systems": rows}
+    if int8 is not None:
+        fast, base = rows[PREDICT_INT8], rows[PREDICT_FP32]
+        report["int8_vs_fp32"] = {
+            "speedup": fast["reviews_per_second"] / base["reviews_per_second"],
+            "accuracy_points": 100 * (fast["accuracy"] - base["accuracy"]),
+            "agreement": float(np.mean(np.asarray(int8["predictions"]) == np.asarray(fp32["predictions"]))),
+            "peak_rss_ratio": fast["peak_rss_mib"] / base["peak_rss_mib"],
+        }
+    return report
+
+
 def _memory_row(result: dict[str, Any]) -> dict[str, Any]:
     return {
         "micro_batch": result["micro_batch"],
@@ -310,7 +387,29 @@ def format_speed_report(report: dict[str, Any]) -> str:
             f"against {row['naive_samples_per_second']:.1f} for a loop padding to max_length "
             f"({row['speedup']:.2f}x; probabilities agree to {row['max_abs_probability_difference']:.1e})",
         ]
+    if "prediction" in report:
+        lines += ["", *_format_prediction(report["prediction"])]
     return "\n".join(lines)
+
+
+def _format_prediction(prediction: dict[str, Any]) -> list[str]:
+    lines = []
+    ratios = prediction.get("int8_vs_fp32")
+    if ratios:
+        lines.append(
+            f"int8 prediction vs fp32: {ratios['speedup']:.2f}x reviews/s, accuracy {ratios['accuracy_points']:+.1f} "
+            f"points, {ratios['agreement']:.1%} of labels agree, peak RSS {ratios['peak_rss_ratio']:.2f}x"
+        )
+    lines += [
+        "| prediction | reviews | seconds | reviews/s | accuracy | peak RSS MiB |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in prediction["systems"].items():
+        lines.append(
+            f"| {name} | {row['reviews']} | {row['seconds']:.1f} | {row['reviews_per_second']:.1f} | "
+            f"{row['accuracy']:.4f} | {row['peak_rss_mib']:.0f} |"
+        )
+    return lines
 
 
 def format_memory_report(report: dict[str, Any]) -> str:

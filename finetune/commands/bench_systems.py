@@ -22,6 +22,8 @@ REVIEW_TRAINER = "ReviewTrainer"
 STOCK_TRAINER = "stock Trainer"
 CLASSIC_LOOP = "classic loop"
 INFERENCE = "inference"
+PREDICT_FP32 = "predict fp32"
+PREDICT_INT8 = "predict int8"
 
 
 @dataclass
@@ -35,6 +37,7 @@ class SystemSpec:
     label_names: list[str]
     updates: int
     extra_overrides: list[str] = field(default_factory=list)
+    model_dir: str | None = None  # the saved model a prediction system loads
 
 
 def run_in_child(spec: SystemSpec, queue: Any) -> None:
@@ -47,10 +50,27 @@ def run_in_child(spec: SystemSpec, queue: Any) -> None:
 
         warnings.filterwarnings("ignore")
         _quiet()
-        runner = _inference if spec.system == INFERENCE else _train_system
+        runners = {INFERENCE: _inference, PREDICT_FP32: _predict_folder, PREDICT_INT8: _predict_folder}
+        runner = runners.get(spec.system, _train_system)
         queue.put(("result", runner(spec, queue)))
     except BaseException as error:  # the parent turns it into one line
         queue.put(("error", f"{spec.system}: {type(error).__name__}: {error}\n{traceback.format_exc()}"))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory: VmHWM where Linux gives it, else ru_maxrss.
+
+    ru_maxrss survives exec on Linux, so a spawned child would report at least the
+    parent's peak at fork time; VmHWM belongs to the new address space and starts afresh.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def _quiet() -> None:
@@ -162,7 +182,7 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         updates = result.global_step
     seconds = time.perf_counter() - started
 
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    peak_rss = peak_rss_bytes()
     return {
         "system": spec.system,
         "seconds": seconds,
@@ -259,4 +279,36 @@ def _inference(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         "ours_seconds": ours_seconds,
         "naive_seconds": naive_seconds,
         "max_abs_probability_difference": float(np.abs(ours - np.concatenate(naive)).max()),
+    }
+
+
+def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
+    """``finetune predict``'s inference on the held-out reviews from a saved folder (PyTorch fp32 or int8 ONNX)."""
+    from pathlib import Path
+
+    import datasets
+
+    from ..config.recipes import load_recipe
+    from ..data.encoding import ReviewEncoding
+    from ..evaluation.inference import load_inference_model, predict_probabilities
+
+    run = load_recipe(spec.recipe, [*spec.overrides, "--output_dir", tempfile.mkdtemp(prefix="finetune-bench-")])
+    samples = datasets.load_from_disk(spec.dataset_path)
+    texts, labels = list(samples["text"]), list(samples["labels"])
+    model, tokenizer = load_inference_model(Path(spec.model_dir))
+    encoding = dataclasses.replace(ReviewEncoding.from_fields(dataclasses.asdict(run.data)), sliding_window=False)
+    batch_size = run.training.per_device_eval_batch_size
+    # One batch first, untimed: the first call pays for lazy initialisation in both runtimes.
+    predict_probabilities(model, tokenizer, texts[:batch_size], batch_size=batch_size, encoding=encoding)
+    started = time.perf_counter()
+    probabilities = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, encoding=encoding)
+    seconds = time.perf_counter() - started
+    queue.put(("progress", 1))
+    return {
+        "system": spec.system,
+        "samples": len(texts),
+        "seconds": seconds,
+        "predictions": probabilities.argmax(-1).tolist(),
+        "labels": labels,
+        "peak_rss_bytes": peak_rss_bytes(),
     }

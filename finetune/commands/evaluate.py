@@ -14,52 +14,196 @@ from ..errors import FinetuneError
 
 
 def evaluate(
-    path: str,
+    path: str | list[str],
     data: str | None = None,
     split: str = "test",
     batch_size: int = 32,
     baseline: bool = True,
+    resamples: int = 1000,
+    seed: int = 0,
+    calibrate: bool = False,
 ) -> list[dict[str, Any]]:
     """Score ``path`` (a model folder or a run folder) and print a table; returns one report per model.
+
+    Every score comes with a 95% percentile bootstrap interval (``resamples``
+    resamples of the reviews, ``seed``), and every model but the best with a
+    paired test against the best on the same resamples; the best model's
+    largest losses go to ``errors_<split>.csv`` and its calibration (ECE) to a
+    reliability diagram. With ``calibrate``, a temperature fitted on the run's
+    validation split is folded into the folder's own model (see
+    :func:`calibrate_model`).
 
     For a run folder every ``checkpoint-*`` is scored as well as the final
     model, and the best by macro-F1 is marked. The data is the run's
     ``split`` (from its recipe) unless ``data`` names a file with the same columns.
     With ``baseline`` (and the run's train split at hand) the TF-IDF baseline,
     fit on that split, is scored on the same reviews and added as a last row.
+
+    Several paths compare runs: each run's own model (the one training kept,
+    the best by validation with ``load_best_model_at_end``) on the first run's
+    data, one table and one picture, written to ``<first run>/comparison/``.
     """
-    from ..training.runs import checkpoints, require_model_folder
 
-    folder = Path(path)
-    if not folder.exists():
-        raise FinetuneError(f"{path} not found; pass a run folder (output_dir) or a checkpoint-* folder")
-    models = checkpoints(folder)
-    if (folder / "config.json").is_file() or not models:
-        models.append(folder)
+    from ..evaluation.inference import require_inference_folder
+    from ..training.runs import checkpoints
+
+    paths = [path] if isinstance(path, str) else list(path)
+    for given in paths:
+        if not Path(given).exists():
+            raise FinetuneError(f"{given} not found; pass a run folder (output_dir) or a checkpoint-* folder")
+    folder = Path(paths[0])
+    if len(paths) > 1:
+        models = [Path(given) for given in paths]
+        if calibrate:
+            raise FinetuneError("--calibrate takes one run; calibrate each run on its own")
+    else:
+        models = checkpoints(folder)
+        if (folder / "config.json").is_file() or not models:
+            models.append(folder)
     for model_dir in models:
-        require_model_folder(model_dir)
+        require_inference_folder(model_dir)
 
-    # Every checkpoint of a run shares its classes and data: read the data once.
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(models[0])
-    label_names = [config.id2label[index] for index in range(config.num_labels)]
+    # Every model scored shares its classes and data: read the data once.
+    label_names = _label_names(models[0])
+    for model_dir in models[1:]:
+        if _label_names(model_dir) != label_names:
+            raise FinetuneError(
+                f"{model_dir} has classes {_label_names(model_dir)}, {models[0]} has {label_names}; "
+                "compare runs trained on the same classes"
+            )
+    if len(paths) > 1:
+        folder = folder / "comparison"
+        folder.mkdir(exist_ok=True)
     scoring = load_labelled_texts(models[0], data, split, label_names)
-    reports = [_score(model_dir, scoring, label_names, batch_size) for model_dir in models]
+    scored = [_score(model_dir, scoring, label_names, batch_size) for model_dir in models]
+    reports = [report for report, _ in scored]
+    probabilities = [probs for _, probs in scored]
     best = max(range(len(reports)), key=lambda index: reports[index]["macro_f1"])
     for index, report in enumerate(reports):
         report["best"] = index == best
+    predictions = [probs.argmax(-1) for probs in probabilities]
     if baseline and scoring.train_texts:
         # The obvious alternative on the same reviews, fit on the run's own train split.
-        reports.append(_score_baseline(scoring, label_names, reports[best]))
+        baseline_report, baseline_predictions = _score_baseline(scoring, label_names, reports[best])
+        reports.append(baseline_report)
+        predictions.append(baseline_predictions)
+    add_uncertainty(reports, predictions, scoring.labels, label_names, best, resamples, seed)
     print(format_table(reports))
     scored_on = Path(data).stem if data else split
+    written = write_errors_and_calibration(folder, scored_on, scoring, probabilities[best], label_names, reports[best])
+    if calibrate:
+        written.append(calibrate_model(models[-1], label_names, batch_size, probabilities[-1], scoring.labels))
     out_name = f"evaluation_{scored_on}.json"
     (folder / out_name).write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
     print(f"saved to {folder / out_name}", file=sys.stderr)
-    written = write_pictures_and_table(folder, scored_on, reports, label_names)
+    written += write_pictures_and_table(folder, scored_on, reports, label_names)
     print(f"also wrote {', '.join(path.name for path in written)}", file=sys.stderr)
     return reports
+
+
+def _label_names(model_dir: Path) -> list[str]:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    return [config.id2label[index] for index in range(config.num_labels)]
+
+
+def add_uncertainty(
+    reports: list[dict[str, Any]],
+    predictions: list[Any],
+    labels: list[int],
+    label_names: list[str],
+    best: int,
+    resamples: int,
+    seed: int,
+) -> None:
+    """Give each report its bootstrap intervals, and each but the best its paired comparison with the best."""
+    from ..evaluation.bootstrap import paired_comparison, score_intervals
+
+    for index, (report, predicted) in enumerate(zip(reports, predictions)):
+        report["intervals"] = score_intervals(predicted, labels, label_names, resamples, seed)
+        if index != best:
+            report["vs_best"] = paired_comparison(
+                predictions[best], predicted, labels, len(label_names), resamples, seed
+            )
+
+
+def calibrate_model(
+    model_dir: Path, label_names: list[str], batch_size: int, scored_probabilities: Any, scored_labels: list[int]
+) -> Path:
+    """Fit a temperature on the validation split and fold it into ``model_dir``'s classifier; write calibration.json.
+
+    The last linear layer's weights and bias are divided by T, so the saved
+    logits are already the calibrated ones: ``finetune predict`` and
+    ``transformers.pipeline`` use them with no code of their own. Predicted
+    classes do not change. Fitting again on a calibrated model finds T near 1.
+    """
+    from ..evaluation.calibration import (
+        expected_calibration_error,
+        fit_temperature,
+        scale_classifier,
+        temperature_scaled,
+    )
+    from ..evaluation.export import is_onnx_folder
+    from ..evaluation.inference import load_inference_model, predict_probabilities
+
+    if is_onnx_folder(model_dir):
+        raise FinetuneError(f"{model_dir} is an ONNX export; calibrate the PyTorch model, then export it again")
+    validation = load_labelled_texts(model_dir, None, "validation", label_names)
+    model, tokenizer = load_inference_model(model_dir)
+    probabilities = predict_probabilities(model, tokenizer, validation.texts, batch_size, validation.encoding)
+    temperature = fit_temperature(probabilities, validation.labels)
+    record_path = model_dir / "calibration.json"
+    earlier = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else {}
+    record = {
+        "method": "temperature scaling, folded into the last linear layer (weights and bias divided by T)",
+        "temperature": temperature,
+        # A second calibration scales the already scaled logits: the total is the product.
+        "total_temperature": temperature * earlier.get("total_temperature", 1.0),
+        "fitted_on": f"validation, {len(validation.labels)} reviews",
+        "validation_ece_before": expected_calibration_error(probabilities, validation.labels),
+        "validation_ece_after": expected_calibration_error(
+            temperature_scaled(probabilities, temperature), validation.labels
+        ),
+        "scored_ece_before": expected_calibration_error(scored_probabilities, scored_labels),
+        "scored_ece_after": expected_calibration_error(
+            temperature_scaled(scored_probabilities, temperature), scored_labels
+        ),
+    }
+    scale_classifier(model, temperature).save_pretrained(model_dir)
+    record_path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(
+        f"calibrated {model_dir}: T = {temperature:.3f}, validation ECE {record['validation_ece_before']:.3f} -> "
+        f"{record['validation_ece_after']:.3f}, scored split {record['scored_ece_before']:.3f} -> "
+        f"{record['scored_ece_after']:.3f}",
+        file=sys.stderr,
+    )
+    return record_path
+
+
+def write_errors_and_calibration(
+    folder: Path,
+    scored_on: str,
+    scoring: ScoringData,
+    probabilities: Any,
+    label_names: list[str],
+    best: dict[str, Any],
+) -> list[Path]:
+    """The best model's largest losses as ``errors_<scored_on>.csv`` and its reliability diagram; ECE into ``best``."""
+    from ..evaluation.calibration import calibration_table, expected_calibration_error
+    from ..evaluation.errors import write_largest_losses
+    from ..evaluation.report import plot_reliability
+
+    errors = folder / f"errors_{scored_on}.csv"
+    write_largest_losses(errors, scoring.texts, scoring.labels, probabilities, label_names)
+    best["ece"] = expected_calibration_error(probabilities, scoring.labels)
+    reliability = folder / f"reliability_{scored_on}.png"
+    plot_reliability(
+        reliability,
+        calibration_table(probabilities, scoring.labels),
+        f"{Path(best['model']).name} on {scored_on}: {len(scoring.labels)} reviews, ECE {best['ece']:.3f}",
+    )
+    return [errors, reliability]
 
 
 def write_pictures_and_table(
@@ -70,7 +214,7 @@ def write_pictures_and_table(
     The files go beside ``evaluation_<scored_on>.json``; the checkpoint
     picture only when a run's checkpoints were scored. Returns the files written.
     """
-    from ..evaluation.report import plot_checkpoints, plot_confusion_matrix
+    from ..evaluation.report import plot_checkpoints, plot_confusion_matrix, plot_scores
 
     table = folder / f"evaluation_{scored_on}.md"
     table.write_text(format_table(reports) + "\n", encoding="utf-8")
@@ -82,6 +226,13 @@ def write_pictures_and_table(
     )
     plot_confusion_matrix(confusion, best["confusion_matrix"], label_names, title)
     written = [table, confusion]
+    if all("intervals" in report for report in reports):
+        scores = folder / f"scores_{scored_on}.png"
+        # A run's checkpoints: the best against the baseline; runs compared: every run.
+        compared = all(report["step"] is None for report in reports)
+        shown = [report for report in reports if compared or report.get("best") or report.get("kind") == "baseline"]
+        plot_scores(scores, shown, label_names, f"{scored_on}, {best['num_samples']} reviews")
+        written.append(scores)
     models = [report for report in reports if report.get("kind") != "baseline"]
     if len(models) > 1 and any(report["step"] is not None for report in models):
         progress = folder / f"checkpoints_{scored_on}.png"
@@ -90,18 +241,18 @@ def write_pictures_and_table(
     return written
 
 
-def _score(model_dir: Path, scoring: ScoringData, label_names: list[str], batch_size: int) -> dict[str, Any]:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from ..evaluation.inference import predict_probabilities
+def _score(
+    model_dir: Path, scoring: ScoringData, label_names: list[str], batch_size: int
+) -> tuple[dict[str, Any], Any]:
+    """The report of the model in ``model_dir`` on the scored reviews, and its probabilities."""
+    from ..evaluation.inference import load_inference_model, predict_probabilities
     from ..evaluation.metrics import classification_report
     from ..training.runs import checkpoint_step
 
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model, tokenizer = load_inference_model(model_dir)
     probabilities = predict_probabilities(model, tokenizer, scoring.texts, batch_size, scoring.encoding)
     report = classification_report(probabilities.argmax(-1), scoring.labels, label_names)
-    return {"model": str(model_dir), "step": checkpoint_step(model_dir), **report}
+    return {"model": str(model_dir), "step": checkpoint_step(model_dir), **report}, probabilities
 
 
 @dataclass
@@ -154,13 +305,14 @@ def load_labelled_texts(model_dir: Path, data: str | None, split: str, label_nam
     )
 
 
-def _score_baseline(scoring: ScoringData, label_names: list[str], best: dict[str, Any]) -> dict[str, Any]:
-    """The TF-IDF baseline's report on the scored reviews, with the best model's lead over it."""
+def _score_baseline(scoring: ScoringData, label_names: list[str], best: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The TF-IDF baseline's report on the scored reviews, with the best model's lead over it; and its predictions."""
     from ..evaluation.baseline import DESCRIPTION, TfidfBaseline, compare
     from ..evaluation.metrics import classification_report
 
     baseline = TfidfBaseline(len(label_names)).fit(scoring.train_texts, scoring.train_labels)
-    report = classification_report(baseline.predict(scoring.texts), scoring.labels, label_names)
+    predictions = baseline.predict(scoring.texts)
+    report = classification_report(predictions, scoring.labels, label_names)
     return {
         "model": "TF-IDF baseline",
         "kind": "baseline",
@@ -169,23 +321,35 @@ def _score_baseline(scoring: ScoringData, label_names: list[str], best: dict[str
         "step": None,
         **report,
         "best_vs_baseline": compare(best, report),
-    }
+    }, predictions
 
 
 def format_table(reports: list[dict[str, Any]]) -> str:
-    """A markdown table of the reports, the best marked with a star."""
-    lines = ["| model | step | accuracy | macro-F1 | best |", "| --- | --- | --- | --- | --- |"]
+    """A markdown table of the reports with 95% intervals, the best starred, the others tested against it."""
+    from ..evaluation.bootstrap import describe_comparison
+
+    lines = [
+        "| model | step | accuracy [95% interval] | macro-F1 [95% interval] | best | against the best (paired) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for report in reports:
+        versus = describe_comparison(report["vs_best"]) if "vs_best" in report else "-"
+        scores = f"{_with_interval(report, 'accuracy')} | {_with_interval(report, 'macro_f1')}"
         if report.get("kind") == "baseline":
             lead = report["best_vs_baseline"]
             lines.append(
-                f"| {report['model']} | - | {report['accuracy']:.4f} | {report['macro_f1']:.4f} | "
-                f"best leads by {lead['accuracy']:+.4f} / {lead['macro_f1']:+.4f} |"
+                f"| {report['model']} | - | {scores} | "
+                f"best leads by {lead['accuracy']:+.4f} / {lead['macro_f1']:+.4f} | {versus} |"
             )
             continue
         step = "final" if report["step"] is None else str(report["step"])
         mark = "*" if report.get("best") else ""
-        lines.append(
-            f"| {Path(report['model']).name} | {step} | {report['accuracy']:.4f} | {report['macro_f1']:.4f} | {mark} |"
-        )
+        lines.append(f"| {Path(report['model']).name} | {step} | {scores} | {mark} | {versus} |")
     return "\n".join(lines)
+
+
+def _with_interval(report: dict[str, Any], metric: str) -> str:
+    interval = report.get("intervals", {}).get(metric)
+    if interval is None:
+        return f"{report[metric]:.4f}"
+    return f"{report[metric]:.4f} [{interval[0]:.3f}, {interval[1]:.3f}]"

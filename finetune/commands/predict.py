@@ -1,16 +1,36 @@
-"""``finetune predict``: a label and its probability for every review in a file or on stdin."""
+"""``finetune predict``: a label and its probability for every review in a file or on stdin.
+
+Prediction streams: rows are read, scored and written in batches of
+``READ_ROWS`` (or fewer, when stdin has nothing more waiting), so memory stays
+bounded on a file of any length and a review piped in on stdin is answered as
+soon as it arrives. Output goes to a hidden ``.partial`` file beside
+``--output`` that replaces it only when every row is written, so a failure
+leaves an earlier output whole.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
+import itertools
 import json
+import os
+import select
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..errors import FinetuneError
 
 _TEXT_COLUMN_GUESSES = ("text", "review", "content", "body", "sentence")
+# Rows read, scored and written at a time: large enough to keep length-sorted batches full,
+# small enough that memory does not grow with the input.
+READ_ROWS = 1024
+# The model reads a few hundred tokens; a "review" of more characters than this is a broken
+# file or an endless stream (predict < /dev/zero), not a review.
+MAX_REVIEW_CHARS = 100_000
 
 
 def predict(
@@ -20,76 +40,198 @@ def predict(
     text_column: str | None = None,
     batch_size: int = 32,
     overwrite: bool = False,
-) -> list[dict[str, Any]]:
-    """Classify reviews from ``input_path`` (CSV or JSONL; stdin lines when None or '-').
+) -> int:
+    """Classify reviews from ``input_path`` (CSV, TSV or JSONL; stdin lines when None or '-'); returns the count.
 
     Writes the input rows plus ``label`` and ``probability`` (and one
     ``prob_<class>`` column per class) to ``output_path`` in the input's
-    format, or CSV to stdout.
+    format, or CSV to stdout, a batch at a time.
     """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from tqdm.auto import tqdm
 
     from ..data.encoding import ReviewEncoding
-    from ..evaluation.inference import predict_probabilities
-    from ..training.runs import find_run_config, require_model_folder
+    from ..evaluation.inference import check_batch_size, load_inference_model, predict_probabilities
+    from ..training.runs import find_run_config
 
+    # Every check before the model loads: a mistake costs a second, not an inference.
+    check_batch_size(batch_size)
     model_dir = Path(model_path)
-    require_model_folder(model_dir)
     if output_path and Path(output_path).exists() and not overwrite:
         raise FinetuneError(f"{output_path} already exists; pass --overwrite to replace it or choose another --output")
-
     run_config = find_run_config(model_dir) or {}
     data_fields = run_config.get("data", {})
-    rows, input_format = _read_rows(input_path)
-    column = text_column or _guess_text_column(rows, data_fields.get("text_column"), input_path)
-    texts = _model_inputs(rows, column, data_fields.get("title_column"), data_fields.get("clean_text", True))
+    rows, input_format = _open_rows(input_path)
 
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    encoding = ReviewEncoding.from_fields(data_fields)
-    probabilities = predict_probabilities(model, tokenizer, texts, batch_size, encoding)
-
-    label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
-    results = []
-    for row, probs in zip(rows, probabilities):
-        best = int(probs.argmax())
-        result = {**row, "label": label_names[best], "probability": round(float(probs[best]), 6)}
-        result.update({f"prob_{name}": round(float(p), 6) for name, p in zip(label_names, probs)})
-        results.append(result)
-    _write_rows(results, output_path, input_format)
-    return results
-
-
-def _read_rows(input_path: str | None) -> tuple[list[dict[str, Any]], str]:
-    if input_path in (None, "-"):
-        lines = [line.strip() for line in sys.stdin if line.strip()]
-        if not lines:
+    with _Output(output_path, input_format) as output, rows:
+        batches = rows.batches()
+        if not rows.is_stdin:
+            # A file's first rows are read before the model loads, so a broken file costs no load;
+            # stdin is not waited on, so the first review piped in finds the model ready.
+            first = list(itertools.islice(batches, 1))
+            batches = itertools.chain(first, batches)
+        model, tokenizer = load_inference_model(model_dir)
+        encoding = ReviewEncoding.from_fields(data_fields)
+        label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
+        bar = tqdm(desc="predict", unit=" reviews", dynamic_ncols=True, disable=None)
+        column = None
+        count = 0
+        for batch in batches:
+            column = column or text_column or _guess_text_column(batch, data_fields.get("text_column"), input_path)
+            texts = _model_inputs(batch, column, data_fields.get("title_column"), data_fields.get("clean_text", True))
+            probabilities = predict_probabilities(model, tokenizer, texts, batch_size, encoding)
+            output.write([_result(row, probs, label_names) for row, probs in zip(batch, probabilities)])
+            count += len(batch)
+            bar.update(len(batch))
+        bar.close()
+        if count == 0 and rows.is_stdin:
             raise FinetuneError("no reviews on stdin; pipe one review per line or pass --input FILE")
-        return [{"text": line} for line in lines], "csv"
+        if count == 0:
+            raise FinetuneError(f"{input_path} has no rows; give it at least one review")
+    if output_path:
+        print(f"wrote {count} predictions to {output_path}", file=sys.stderr)
+    return count
+
+
+def _result(row: dict[str, Any], probs: Any, label_names: list[str]) -> dict[str, Any]:
+    best = int(probs.argmax())
+    result = {**row, "label": label_names[best], "probability": round(float(probs[best]), 6)}
+    result.update({f"prob_{name}": round(float(p), 6) for name, p in zip(label_names, probs)})
+    return result
+
+
+# ------------------------------------------------------------------ reading
+
+
+class _Rows:
+    """The input's rows, handed out in batches; a context manager that closes the file."""
+
+    def __init__(self, rows: Iterator[dict[str, Any]], handle: IO[str], is_stdin: bool) -> None:
+        self.rows = rows
+        self.handle = handle
+        self.is_stdin = is_stdin
+
+    def __enter__(self) -> _Rows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.is_stdin:
+            self.handle.close()
+
+    def batches(self) -> Iterator[list[dict[str, Any]]]:
+        """Up to ``READ_ROWS`` rows at a time; from stdin, only the rows already waiting after the first."""
+        while True:
+            batch = list(itertools.islice(self.rows, 1))
+            if not batch:
+                return
+            # A stream answers each line as it comes: the batch stops where the waiting input does.
+            while len(batch) < READ_ROWS and (not self.is_stdin or _input_waiting(self.handle)):
+                more = list(itertools.islice(self.rows, READ_ROWS - len(batch) if not self.is_stdin else 1))
+                if not more:
+                    break
+                batch += more
+            yield batch
+
+
+def _input_waiting(handle: IO[str]) -> bool:
+    """True when reading ``handle`` would not block (always, for a file or a StringIO)."""
+    try:
+        ready, _, _ = select.select([handle], [], [], 0)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return True
+    return bool(ready)
+
+
+def _open_rows(input_path: str | None) -> tuple[_Rows, str]:
+    """The rows of ``input_path`` (stdin when None or '-') as a lazy reader, and the output format they suggest."""
+    from ..config.text_files import file_encoding_problem
+
+    if input_path in (None, "-"):
+        with contextlib.suppress(AttributeError, io.UnsupportedOperation):
+            sys.stdin.reconfigure(encoding="utf-8")  # the locale's encoding is not the file's
+        return _Rows(_stdin_rows(sys.stdin), sys.stdin, is_stdin=True), "csv"
     path = Path(input_path)
     if not path.is_file():
         raise FinetuneError(f"input file not found: {input_path}; check the path")
     suffix = path.suffix.lower()
+    if suffix not in (".csv", ".tsv", ".jsonl", ".json"):
+        raise FinetuneError(f"{input_path}: unsupported input type; use .csv, .tsv or .jsonl (or stdin)")
+    # Read in chunks, so a huge file costs a pass over its bytes, not its size in memory.
+    problem = file_encoding_problem(path)
+    if problem is not None:
+        raise FinetuneError(f"{input_path} {problem}")
     if suffix in (".csv", ".tsv"):
-        with path.open(newline="", encoding="utf-8-sig") as handle:
-            rows = list(csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ","))
-        for row_number, row in enumerate(rows, start=2):
+        handle = path.open(newline="", encoding="utf-8-sig")
+        return _Rows(_csv_rows(handle, input_path, "\t" if suffix == ".tsv" else ","), handle, False), "csv"
+    handle = path.open(encoding="utf-8")
+    return _Rows(_jsonl_rows(handle, input_path), handle, False), "jsonl"
+
+
+def _stdin_rows(handle: IO[str]) -> Iterator[dict[str, Any]]:
+    for line in _capped_lines(handle, "stdin"):
+        if line.strip():
+            yield {"text": line.strip()}
+
+
+def _capped_lines(handle: IO[str], name: str) -> Iterator[str]:
+    """Lines of ``handle``, refusing one longer than ``MAX_REVIEW_CHARS`` before it is read whole."""
+    line_number = 0
+    while True:
+        try:
+            line = handle.readline(MAX_REVIEW_CHARS + 1)
+        except UnicodeDecodeError as error:
+            raise FinetuneError(
+                # The decoder reads ahead in chunks, so the line it failed on is not known.
+                f"{name} is not UTF-8 (byte 0x{error.object[error.start]:02x}, likely Latin-1 or Windows-1252); "
+                "convert it first, e.g. iconv -f latin1 -t utf-8"
+            )
+        if not line:
+            return
+        line_number += 1
+        if len(line) > MAX_REVIEW_CHARS and not line.endswith("\n"):
+            raise FinetuneError(
+                f"{name} line {line_number} is longer than {MAX_REVIEW_CHARS:,} characters, too long for a "
+                "review; check the input (one review per line) or shorten that line"
+            )
+        yield line
+
+
+def _csv_rows(handle: IO[str], input_path: str, delimiter: str) -> Iterator[dict[str, Any]]:
+    limit = csv.field_size_limit()
+    csv.field_size_limit(MAX_REVIEW_CHARS)
+    try:
+        reader = csv.DictReader(handle, delimiter=delimiter)
+        row_number = 1
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as error:
+                raise FinetuneError(
+                    f"{input_path} row {row_number + 1}: {error}; a field may hold at most {MAX_REVIEW_CHARS:,} "
+                    "characters (check for an unclosed quote) "
+                )
+            row_number += 1
             if None in row:  # DictReader files surplus fields under None
                 raise FinetuneError(
                     f"{input_path} row {row_number} has more fields than the header; quote texts that contain commas"
                 )
-        input_format = "csv"
-    elif suffix in (".jsonl", ".json"):
+            yield row
+    finally:
+        csv.field_size_limit(limit)
+
+
+def _jsonl_rows(handle: IO[str], input_path: str) -> Iterator[dict[str, Any]]:
+    for line_number, line in enumerate(_capped_lines(handle, input_path), start=1):
+        if not line.strip():
+            continue
         try:
-            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        except json.JSONDecodeError as error:
-            raise FinetuneError(f"{input_path} is not JSON Lines (line {error.lineno}); write one object per line")
-        input_format = "jsonl"
-    else:
-        raise FinetuneError(f"{input_path}: unsupported input type; use .csv, .tsv or .jsonl (or stdin)")
-    if not rows:
-        raise FinetuneError(f"{input_path} has no rows; give it at least one review")
-    return rows, input_format
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise FinetuneError(f"{input_path} is not JSON Lines (line {line_number}); write one object per line")
+        if not isinstance(row, dict):
+            raise FinetuneError(f"{input_path} line {line_number} is not a JSON object; write one object per line")
+        yield row
 
 
 def _guess_text_column(rows: list[dict[str, Any]], recipe_column: str | None, input_path: str | None) -> str:
@@ -114,22 +256,47 @@ def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | N
     return [join_title(title.strip(), body.strip()) for title, body in zip(titles, bodies)]
 
 
-def _write_rows(results: list[dict[str, Any]], output_path: str | None, input_format: str) -> None:
-    if output_path is None:
-        _write_csv(results, sys.stdout)
-        return
-    path = Path(output_path)
-    output_format = "jsonl" if path.suffix.lower() in (".jsonl", ".json") else "csv" if path.suffix else input_format
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        if output_format == "jsonl":
+# ------------------------------------------------------------------ writing
+
+
+class _Output:
+    """Where predictions go, opened before the model loads; a file is written beside and renamed into place."""
+
+    def __init__(self, output_path: str | None, input_format: str) -> None:
+        self.path = Path(output_path) if output_path else None
+        self.writer: csv.DictWriter | None = None
+        if self.path is None:
+            self.format, self.handle, self.partial = "csv", sys.stdout, None
+            return
+        suffix = self.path.suffix.lower()
+        self.format = "jsonl" if suffix in (".jsonl", ".json") else "csv" if suffix else input_format
+        self.partial = self.path.with_name(f".{self.path.name}.partial")
+        try:
+            self.handle = self.partial.open("w", newline="", encoding="utf-8")
+        except OSError as error:
+            raise FinetuneError(f"--output {output_path}: cannot write ({error.strerror or error}); choose another")
+
+    def __enter__(self) -> _Output:
+        return self
+
+    def write(self, results: list[dict[str, Any]]) -> None:
+        """Write one batch and flush it, so a reader of a stream sees each answer at once."""
+        if self.format == "jsonl":
             for result in results:
-                handle.write(json.dumps(result, ensure_ascii=False) + "\n")
+                self.handle.write(json.dumps(result, ensure_ascii=False) + "\n")
         else:
-            _write_csv(results, handle)
-    print(f"wrote {len(results)} predictions to {output_path}", file=sys.stderr)
+            if self.writer is None:
+                # Rows of a JSONL input may differ in keys: the first row's columns, missing ones left empty.
+                self.writer = csv.DictWriter(self.handle, fieldnames=list(results[0]), extrasaction="ignore")
+                self.writer.writeheader()
+            self.writer.writerows(results)
+        self.handle.flush()
 
-
-def _write_csv(results: list[dict[str, Any]], handle: Any) -> None:
-    writer = csv.DictWriter(handle, fieldnames=list(results[0]))
-    writer.writeheader()
-    writer.writerows(results)
+    def __exit__(self, error_type: type | None, *exc: object) -> None:
+        if self.partial is None:
+            return
+        self.handle.close()
+        if error_type is None:
+            os.replace(self.partial, self.path)
+        else:
+            self.partial.unlink(missing_ok=True)

@@ -54,6 +54,7 @@ def _train_checked(
 
     from ..data.encoding import ReviewEncoding
     from ..data.splits import load_review_data, tokenize_splits
+    from ..evaluation.bootstrap import score_intervals
     from ..evaluation.inference import predict_probabilities
     from ..evaluation.metrics import build_compute_metrics, classification_report
     from ..evaluation.model_card import write_model_card
@@ -156,6 +157,7 @@ def _train_checked(
             prediction = trainer.predict(encoded["test"], metric_key_prefix="test")
             predicted, references = prediction.predictions.argmax(-1), prediction.label_ids
         report = classification_report(predicted, references, label_names)
+        report["intervals"] = score_intervals(predicted, references, label_names)
         metrics["test"] = report
         trainer.save_metrics("test", {"test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"]})
         if trainer.is_world_process_zero():

@@ -2,11 +2,51 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import torch
 from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
+from ..errors import FinetuneError
+from .export import OnnxClassifier, is_onnx_folder, require_onnx_runtime
+
+
+def check_batch_size(batch_size: int) -> None:
+    """Refuse a batch of fewer than one review: ``range(0, n, -1)`` would silently score nothing."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise FinetuneError(f"batch_size must be a whole number >= 1 (got {batch_size!r}); pass --batch_size 32")
+
+
+def require_inference_folder(model_dir: Path) -> None:
+    """Raise unless ``model_dir`` holds a model to predict with: PyTorch weights, or an int8 ONNX export."""
+    from ..training.runs import require_model_folder
+
+    if is_onnx_folder(model_dir):
+        require_onnx_runtime()
+        return
+    require_model_folder(model_dir)
+
+
+def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]:
+    """The classifier in ``model_dir`` (PyTorch, or ONNX Runtime for an int8 export) and its tokenizer."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    require_inference_folder(model_dir)
+    if is_onnx_folder(model_dir):
+        return OnnxClassifier(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    # The "Loading weights" bar would interleave with predictions and error lines on stderr.
+    showing_bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True)
+    finally:
+        if showing_bars:
+            hf_logging.enable_progress_bar()
+    return model, AutoTokenizer.from_pretrained(model_dir)
 
 
 def predict_probabilities(
@@ -23,6 +63,7 @@ def predict_probabilities(
     Rows are sorted by length so each batch pads only to its own longest
     (padding is wasted compute), and run under ``inference_mode``.
     """
+    check_batch_size(batch_size)
     encoding = encoding or ReviewEncoding()
     if encoding.sliding_window:
         rows, owners = encode_windows(tokenizer, texts, encoding)
@@ -41,16 +82,21 @@ def _logits(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: dict[str, list], batch_size: int
 ) -> np.ndarray:
     """The model's logits for every encoded row, in row order (float64)."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device).eval()
+    onnx = isinstance(model, OnnxClassifier)
+    device = torch.device("cuda" if torch.cuda.is_available() and not onnx else "cpu")
+    if not onnx:
+        model.to(device).eval()
     inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in rows]
     order = np.argsort([len(ids) for ids in rows["input_ids"]], kind="stable")
-    collator = DataCollatorWithPadding(tokenizer)
+    collator = DataCollatorWithPadding(tokenizer, return_tensors="np" if onnx else "pt")
     logits = np.zeros((len(rows["input_ids"]), model.config.num_labels), dtype=np.float64)
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             chosen = order[start : start + batch_size]
             batch = collator([{name: rows[name][row] for name in inputs} for row in chosen])
+            if onnx:
+                logits[chosen] = model.logits(batch)
+                continue
             output = model(**{name: value.to(device) for name, value in batch.items()}).logits
             logits[chosen] = output.double().cpu().numpy()
     return logits

@@ -229,17 +229,21 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
     lines = [
         "## Test results",
         "",
-        f"{test['num_samples']} test reviews: accuracy **{test['accuracy']:.3f}**, "
-        f"macro-F1 **{test['macro_f1']:.3f}**.",
+        f"{test['num_samples']} test reviews: accuracy **{test['accuracy']:.3f}**{_interval(test, 'accuracy')}, "
+        f"macro-F1 **{test['macro_f1']:.3f}**{_interval(test, 'macro_f1')}.",
         "",
+        *_interval_note(test),
         *_against_baseline(test, baseline),
-        "| class | precision | recall | F1 | test reviews |",
-        "| --- | --- | --- | --- | --- |",
+        "| class | precision | recall | F1 | F1 95% interval | test reviews |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, support in zip(test["per_class"], _supports(test)):
         scores = test["per_class"][name]
+        f1_interval = (test.get("intervals") or {}).get("per_class_f1", {}).get(name)
+        interval = f"[{f1_interval[0]:.3f}, {f1_interval[1]:.3f}]" if f1_interval else "-"
         lines.append(
-            f"| {name} | {scores['precision']:.3f} | {scores['recall']:.3f} | {scores['f1']:.3f} | {support} |"
+            f"| {name} | {scores['precision']:.3f} | {scores['recall']:.3f} | {scores['f1']:.3f} | {interval} | "
+            f"{support} |"
         )
     names = list(test["per_class"])
     lines += [
@@ -253,6 +257,23 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
         lines.append(f"| {name} | " + " | ".join(str(count) for count in row) + " |")
     lines.append("")
     return lines
+
+
+def _interval(test: dict[str, Any], metric: str) -> str:
+    interval = (test.get("intervals") or {}).get(metric)
+    return f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+
+
+def _interval_note(test: dict[str, Any]) -> list[str]:
+    intervals = test.get("intervals")
+    if not intervals:
+        return []
+    return [
+        f"Brackets: 95% percentile bootstrap intervals ({intervals['resamples']} resamples of the test reviews, "
+        f"seed {intervals['seed']}); a difference inside them may be chance. `finetune evaluate` on this folder "
+        "tests each checkpoint against the best, paired.",
+        "",
+    ]
 
 
 def _against_baseline(test: dict[str, Any], baseline: dict[str, Any] | None) -> list[str]:

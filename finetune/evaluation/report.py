@@ -363,8 +363,11 @@ def plot_checkpoints(path: Path, reports: Sequence[dict[str, Any]], title: str) 
     figure, axes = _figure(FIGURE_INCHES)
     scored = sorted((report for report in reports if report["step"] is not None), key=lambda report: report["step"])
     steps = [report["step"] for report in scored]
-    axes.plot(steps, [report["accuracy"] for report in scored], marker="o", label="accuracy")
-    axes.plot(steps, [report["macro_f1"] for report in scored], marker="s", label="macro-F1")
+    for key, marker, name in (("accuracy", "o", "accuracy"), ("macro_f1", "s", "macro-F1")):
+        values = [report[key] for report in scored]
+        errors = _interval_errors(scored, key)
+        label = f"{name}, 95% bootstrap interval" if errors is not None else name
+        axes.errorbar(steps, values, yerr=errors, marker=marker, capsize=4, label=label)
     notes = []
     best = next((report for report in reports if report.get("best")), None)
     if best is not None and best["step"] is not None:
@@ -405,7 +408,94 @@ def plot_checkpoints(path: Path, reports: Sequence[dict[str, Any]], title: str) 
     _save(figure, path)
 
 
+def plot_scores(path: Path, reports: Sequence[dict[str, Any]], label_names: Sequence[str], title: str) -> None:
+    """Accuracy, macro-F1 and each class's F1 per model, each with its 95% bootstrap interval drawn."""
+    import numpy as np
+
+    figure, axes = _figure(FIGURE_INCHES)
+    metrics = ["accuracy", "macro_f1", *label_names]
+    names = ["accuracy", "macro-F1", *(f"F1 {name}" for name in label_names)]
+    width = 0.8 / max(len(reports), 1)
+    for number, report in enumerate(reports):
+        values, lows, highs = [], [], []
+        for metric in metrics[:2]:
+            values.append(report[metric])
+            lows.append(report["intervals"][metric][0])
+            highs.append(report["intervals"][metric][1])
+        for name in label_names:
+            values.append(report["per_class"][name]["f1"])
+            lows.append(report["intervals"]["per_class_f1"][name][0])
+            highs.append(report["intervals"]["per_class_f1"][name][1])
+        values, lows, highs = (np.asarray(series) for series in (values, lows, highs))
+        positions = np.arange(len(metrics)) + (number - (len(reports) - 1) / 2) * width
+        axes.errorbar(
+            positions,
+            values,
+            yerr=np.vstack([values - lows, highs - values]).clip(min=0),
+            marker="o",
+            linestyle="none",
+            capsize=4,
+            label=_model_label(report),
+        )
+    axes.set_xticks(range(len(metrics)), labels=names)
+    axes.set_ylabel("score (0 to 1), bars: 95% bootstrap interval")
+    axes.set_ylim(0, 1.05)
+    axes.grid(alpha=0.3, axis="y")
+    axes.legend(loc="lower left", fontsize=9)
+    axes.set_title(f"Scores with 95% intervals: {title}", fontsize=11)
+    _save(figure, path)
+
+
+def plot_reliability(path: Path, table: Sequence[dict[str, float]], title: str) -> None:
+    """Accuracy against mean confidence per confidence bin (a reliability diagram), the diagonal for reference."""
+    figure, axes = _figure(CONFUSION_INCHES)
+    axes.plot([0, 1], [0, 1], linestyle=":", color="gray", label="perfect calibration")
+    centres = [(row["low"] + row["high"]) / 2 for row in table]
+    widths = [row["high"] - row["low"] for row in table]
+    axes.bar(
+        centres,
+        [row["accuracy"] for row in table],
+        width=widths,
+        edgecolor="black",
+        alpha=0.6,
+        label="accuracy of the bin's reviews",
+    )
+    axes.plot(
+        [row["confidence"] for row in table],
+        [row["accuracy"] for row in table],
+        marker="o",
+        color="tab:red",
+        label="at the bin's mean confidence",
+    )
+    for centre, row in zip(centres, table):
+        axes.annotate(str(row["reviews"]), (centre, 0.02), ha="center", fontsize=8)
+    axes.set_xlim(0, 1)
+    axes.set_ylim(0, 1.05)
+    axes.set_xlabel("confidence (probability of the predicted class)")
+    axes.set_ylabel("accuracy")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="upper left")
+    axes.set_title(f"Reliability diagram\n{title}\n(numbers at the bottom: reviews per bin)", fontsize=11)
+    _save(figure, path)
+
+
 # ------------------------------------------------------------------ helpers
+
+
+def _model_label(report: dict[str, Any]) -> str:
+    if report.get("kind") == "baseline":
+        return "TF-IDF baseline"
+    name = report.get("run") or Path(report["model"]).name
+    return f"{name} (best)" if report.get("best") else name
+
+
+def _interval_errors(reports: Sequence[dict[str, Any]], key: str) -> Any:
+    """``yerr`` for errorbar from the reports' intervals (distances below and above), or None without them."""
+    if not all("intervals" in report for report in reports):
+        return None
+    below = [max(report[key] - report["intervals"][key][0], 0.0) for report in reports]
+    above = [max(report["intervals"][key][1] - report[key], 0.0) for report in reports]
+    return [below, above]
 
 
 def _figure(inches: tuple[float, float]) -> tuple[Any, Any]:
