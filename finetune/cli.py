@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .errors import FinetuneError, TrainingInterrupted
 
@@ -155,6 +156,12 @@ def positive_int(text: str) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No abbreviations: unknown flags pass on as recipe fields, and argparse would otherwise
+        # read the recipe's --seed 43 as --seeds 43 (43 runs instead of one run with seed 43).
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:
         # prog is the full command, e.g. "finetune data fetch", so the hint names the right --help.
         raise FinetuneError(f"{message}; see '{self.prog} --help'")

@@ -286,3 +286,15 @@ def test_no_validation_split_trains_on_all_of_train_and_keeps_the_final_model(tm
     assert main(["train", str(recipe), *flags]) == 0
     run = json.loads((tmp_path / "run" / "finetune_run.json").read_text())
     assert run["data_report"]["rows"] == {"train": 458, "test": 111}
+
+
+def test_a_recipe_seed_is_not_read_as_seeds():
+    """``--seed 43`` is the recipe's seed: argparse must not expand it to ``--seeds 43`` (43 runs)."""
+    from finetune.cli import build_cli
+
+    options, extra = build_cli().parse_known_args(["train", "recipes/drugscom.yaml", "--seed", "43"])
+    assert options.seeds is None
+    assert extra == ["--seed", "43"]
+    options, extra = build_cli().parse_known_args(["train", "recipes/drugscom.yaml", "--seeds", "3", "--seed", "7"])
+    assert options.seeds == 3
+    assert extra == ["--seed", "7"]
