@@ -23,7 +23,8 @@ ones that once failed). The cases, by family:
 - evaluate and predict: batch sizes of 0 and -1 (from the command line and from Python), --output
   into a missing or unwritable folder or one that cannot be opened, a checkpoint without weights, an
   empty folder, a missing input, an unquoted comma, a Latin-1 or UTF-16 input file, Latin-1 on stdin,
-  an endless line on stdin, a CSV field over the length cap, a failure part-way through a stream.
+  an endless line on stdin, a CSV field over the length cap, a failure part-way through a stream,
+  --calibrate on a run trained without a validation split.
 """
 
 from __future__ import annotations
@@ -821,6 +822,20 @@ def test_batch_size_below_one(tiny_model_dir, capsys, command, batch_size):
     assert run_cli([command, tiny_model_dir, "--batch_size", batch_size], capsys) == (
         f"error: argument --batch_size: must be >= 1 (got {batch_size}); see 'finetune {command} --help'"
     )
+
+
+def test_calibrate_without_a_validation_split_is_refused_before_anything_is_written(tiny_model_dir, tmp_path, capsys):
+    recipe = run_recipe(tmp_path, tiny_model_dir, validation_split_percentage=0, save_strategy="no")
+    assert main(["train", str(recipe)]) == 0
+    capsys.readouterr()
+    before = snapshot(tmp_path / "run")
+    error = run_cli(["evaluate", tmp_path / "run", "--calibrate"], capsys)
+    assert error == (
+        f"error: --calibrate fits a temperature on the run's validation split, and {tmp_path / 'run'}'s run has "
+        "none (validation_split_percentage: 0 trains on all of train); train with a validation split "
+        "(e.g. --validation_split_percentage 10) or leave out --calibrate"
+    )
+    assert snapshot(tmp_path / "run") == before  # no errors_test.csv, no picture, the model untouched
 
 
 def test_predict_output_into_a_missing_folder(tiny_model_dir, tmp_path, capsys):

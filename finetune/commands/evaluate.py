@@ -71,6 +71,8 @@ def evaluate(
                 f"{model_dir} has classes {_label_names(model_dir)}, {models[0]} has {label_names}; "
                 "compare runs trained on the same classes"
             )
+    # Checked before anything is scored or written: a refused calibration leaves the folder as it was.
+    calibration_data = _calibration_data(models[-1], label_names) if calibrate else None
     if len(paths) > 1:
         folder = folder / "comparison"
         folder.mkdir(exist_ok=True)
@@ -92,7 +94,7 @@ def evaluate(
     scored_on = Path(data).stem if data else split
     written = write_errors_and_calibration(folder, scored_on, scoring, probabilities[best], label_names, reports[best])
     if calibrate:
-        written.append(calibrate_model(models[-1], label_names, batch_size, probabilities[-1], scoring.labels))
+        written.append(calibrate_model(models[-1], calibration_data, batch_size, probabilities[-1], scoring.labels))
     out_name = f"evaluation_{scored_on}.json"
     (folder / out_name).write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
     print(f"saved to {folder / out_name}", file=sys.stderr)
@@ -128,10 +130,28 @@ def add_uncertainty(
             )
 
 
+def _calibration_data(model_dir: Path, label_names: list[str]) -> ScoringData:
+    """The run's validation reviews, which ``--calibrate`` fits its temperature on; refused for an ONNX export."""
+    from ..evaluation.export import is_onnx_folder
+
+    if is_onnx_folder(model_dir):
+        raise FinetuneError(f"{model_dir} is an ONNX export; calibrate the PyTorch model, then export it again")
+    try:
+        return load_labelled_texts(model_dir, None, "validation", label_names)
+    except FinetuneError as error:
+        if "has no 'validation' split" not in str(error):
+            raise
+        raise FinetuneError(
+            f"--calibrate fits a temperature on the run's validation split, and {model_dir}'s run has none "
+            "(validation_split_percentage: 0 trains on all of train); train with a validation split "
+            "(e.g. --validation_split_percentage 10) or leave out --calibrate"
+        ) from None
+
+
 def calibrate_model(
-    model_dir: Path, label_names: list[str], batch_size: int, scored_probabilities: Any, scored_labels: list[int]
+    model_dir: Path, validation: ScoringData, batch_size: int, scored_probabilities: Any, scored_labels: list[int]
 ) -> Path:
-    """Fit a temperature on the validation split and fold it into ``model_dir``'s classifier; write calibration.json.
+    """Fit a temperature on ``validation`` and fold it into ``model_dir``'s classifier; write calibration.json.
 
     The last linear layer's weights and bias are divided by T, so the saved
     logits are already the calibrated ones: ``finetune predict`` and
@@ -144,12 +164,8 @@ def calibrate_model(
         scale_classifier,
         temperature_scaled,
     )
-    from ..evaluation.export import is_onnx_folder
     from ..evaluation.inference import load_inference_model, predict_probabilities
 
-    if is_onnx_folder(model_dir):
-        raise FinetuneError(f"{model_dir} is an ONNX export; calibrate the PyTorch model, then export it again")
-    validation = load_labelled_texts(model_dir, None, "validation", label_names)
     model, tokenizer = load_inference_model(model_dir)
     probabilities = predict_probabilities(model, tokenizer, validation.texts, batch_size, validation.encoding)
     temperature = fit_temperature(probabilities, validation.labels)
