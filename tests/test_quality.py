@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from finetune.data.cleaning import clean_texts
 from finetune.data.encoding import ReviewEncoding, encode_windows
 from finetune.evaluation.baseline import TfidfBaseline, compare, run_baseline
 from finetune.evaluation.inference import predict_probabilities
@@ -298,3 +300,48 @@ def test_a_recipe_seed_is_not_read_as_seeds():
     options, extra = build_cli().parse_known_args(["train", "recipes/drugscom.yaml", "--seeds", "3", "--seed", "7"])
     assert options.seeds == 3
     assert extra == ["--seed", "7"]
+
+
+def test_training_with_sliding_window_scores_the_test_split_in_windows(tmp_path, tiny_model_dir):
+    """The test figures at the end of training read long reviews in windows, as evaluate does."""
+    import json
+
+    import pandas as pd
+    from helpers import PROJECT, tiny_recipe
+
+    from finetune.cli import main
+
+    recipe = tiny_recipe(
+        tmp_path,
+        tiny_model_dir,
+        tmp_path / "run",
+        num_train_epochs=1,
+        max_length=32,
+        truncation_side="head_tail",
+        sliding_window="true",
+        window_stride=8,
+    )
+    assert main(["train", str(recipe)]) == 0
+    report = json.loads((tmp_path / "run" / "test_report.json").read_text())
+
+    # Independently: the saved model's logits averaged over windows of 30 tokens stepping by 22, review by review.
+    saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run").eval()
+    saved_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run")
+    test = pd.read_csv(PROJECT / "data" / "reviews" / "test.csv", keep_default_na=False)
+    titles, reviews = clean_texts(list(test["title"])), clean_texts(list(test["review"]))
+    bins = {1: 0, 2: 0, 3: 1, 4: 2, 5: 2}
+    cls, sep = saved_tokenizer.cls_token_id, saved_tokenizer.sep_token_id
+    correct = 0
+    for title, review, stars in zip(titles, reviews, test["stars"]):
+        text = f"{title.strip()}. {review.strip()}" if title.strip() else review.strip()
+        ids = saved_tokenizer(text, add_special_tokens=False)["input_ids"]
+        windows, start = [], 0
+        while True:
+            windows.append(ids[start : start + 30])
+            if start + 30 >= len(ids):
+                break
+            start += 22
+        with torch.no_grad():
+            logits = [saved(input_ids=torch.tensor([[cls, *window, sep]])).logits[0] for window in windows]
+        correct += int(torch.stack(logits).mean(0).argmax()) == bins[int(stars)]
+    assert report["accuracy"] == pytest.approx(correct / len(test))

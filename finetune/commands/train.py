@@ -150,9 +150,9 @@ def _train_checked(
         if encoding.sliding_window:
             # Long reviews read in overlapping windows, as evaluate and predict will read them.
             predicted = predict_probabilities(
-                trainer.model, tokenizer, data.splits["test"]["text"], args.per_device_eval_batch_size, encoding
+                trainer.model, tokenizer, list(data.splits["test"]["text"]), args.per_device_eval_batch_size, encoding
             ).argmax(-1)
-            references = data.splits["test"]["labels"]
+            references = list(data.splits["test"]["labels"])
         else:
             prediction = trainer.predict(encoded["test"], metric_key_prefix="test")
             predicted, references = prediction.predictions.argmax(-1), prediction.label_ids

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]
 def predict_probabilities(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    texts: list[str],
+    texts: Sequence[str],
     batch_size: int = 32,
     encoding: ReviewEncoding | None = None,
 ) -> np.ndarray:
@@ -65,6 +66,8 @@ def predict_probabilities(
     """
     check_batch_size(batch_size)
     encoding = encoding or ReviewEncoding()
+    # A datasets Column or a pandas Series is not a list, and tokenizers take only lists.
+    texts = list(texts)
     if encoding.sliding_window:
         rows, owners = encode_windows(tokenizer, texts, encoding)
     else:
