@@ -345,3 +345,56 @@ def test_training_with_sliding_window_scores_the_test_split_in_windows(tmp_path,
             logits = [saved(input_ids=torch.tensor([[cls, *window, sep]])).logits[0] for window in windows]
         correct += int(torch.stack(logits).mean(0).argmax()) == bins[int(stars)]
     assert report["accuracy"] == pytest.approx(correct / len(test))
+
+
+# ------------------------------------------------------------- mean pooling
+
+
+def _mean_pooled_classifier(model_dir):
+    from finetune.config.arguments import ModelArguments
+    from finetune.training.modeling import load_classifier
+
+    return load_classifier(ModelArguments(model_name_or_path=str(model_dir), pooling="mean"), ["a", "b", "c"]).eval()
+
+
+def test_mean_pooling_reads_the_masked_mean_of_the_token_vectors(tiny_model_dir, tokenizer):
+    from transformers import BertModel
+
+    model = _mean_pooled_classifier(tiny_model_dir)
+    encoder = BertModel.from_pretrained(tiny_model_dir, add_pooling_layer=False).eval()
+    texts = ["great", "the hinge snapped after two days and support never answered my emails"]
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = encoder(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        mean = (hidden * mask).sum(1) / mask.sum(1)
+        # Independently: layer-normed mean, tanh, then the model's own (new) classifier.
+        expected = model.classifier(torch.tanh(torch.nn.functional.layer_norm(mean, mean.shape[-1:], eps=1e-12)))
+        logits = model(**batch).logits
+        alone = torch.cat([model(**tokenizer([text], return_tensors="pt")).logits for text in texts])
+    assert model.config.num_hidden_layers == encoder.config.num_hidden_layers + 1
+    pooled = model.bert(**batch).last_hidden_state[:, 0]
+    reference = torch.nn.functional.layer_norm(mean, mean.shape[-1:], eps=1e-12)
+    assert torch.nn.functional.cosine_similarity(pooled, reference).min() > 0.999
+    torch.testing.assert_close(logits, expected, atol=0.02, rtol=0.0)
+    # Padding takes no part in the mean: a review scores the same alone as in a padded batch.
+    torch.testing.assert_close(alone, logits, atol=1e-5, rtol=0.0)
+
+
+def test_a_mean_pooled_run_loads_in_pipeline_without_remote_code(tmp_path, tiny_model_dir):
+    from helpers import tiny_recipe
+    from transformers import pipeline
+
+    from finetune.cli import main
+
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "run", num_train_epochs=1, pooling="mean")
+    assert main(["train", str(recipe)]) == 0
+    saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run").eval()
+    assert saved.config.num_hidden_layers == 3
+    classify = pipeline("text-classification", model=str(tmp_path / "run"), trust_remote_code=False)
+    text = "Stopped working after a week."
+    with torch.no_grad():
+        logits = saved(**AutoTokenizer.from_pretrained(tmp_path / "run")(text, return_tensors="pt")).logits[0]
+    assert classify(text)[0]["label"] == saved.config.id2label[int(logits.argmax())]
+    # Fine-tuning a mean-pooled model again keeps its one pooling layer.
+    assert _mean_pooled_classifier(tmp_path / "run").config.num_hidden_layers == 3

@@ -51,6 +51,16 @@ class ModelArguments:
             )
         },
     )
+    pooling: Literal["cls", "mean"] = field(
+        default="cls",
+        metadata={
+            "help": (
+                "How the classifier reads a review: 'cls' (the [CLS] token, as BertForSequenceClassification does) "
+                "or 'mean' (the mean of the token vectors, as sentence-transformer checkpoints were trained; added "
+                "as one more stock BERT layer, so the saved model loads anywhere without remote code)."
+            )
+        },
+    )
 
 
 @dataclass

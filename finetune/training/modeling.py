@@ -16,6 +16,7 @@ from transformers import (
 from ..config.arguments import PACKAGED_MODEL, ModelArguments
 from ..errors import FinetuneError
 from .checkpointing import require_readable_safetensors, require_safe_weights
+from .pooling import add_mean_pooling_layer
 
 # The Hub ids of models we also ship on PyPI: the packaged copy is used, so a
 # recipe that names the Hub id still works offline.
@@ -79,7 +80,7 @@ def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTr
     id2label = dict(enumerate(label_names))
     check_classifier_head(model_args, len(label_names))
     with _explain_loading_errors(model_args.model_name_or_path):
-        return AutoModelForSequenceClassification.from_pretrained(
+        model = AutoModelForSequenceClassification.from_pretrained(
             path,
             num_labels=len(label_names),
             id2label=id2label,
@@ -89,6 +90,9 @@ def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTr
             use_safetensors=None if model_args.allow_pickle_weights else True,
             ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
         )
+    if model_args.pooling == "mean":
+        add_mean_pooling_layer(model)
+    return model
 
 
 def check_classifier_head(model_args: ModelArguments, num_classes: int) -> None:
