@@ -19,8 +19,15 @@ def tiny_bench_recipe(folder: Path, model_dir: Path) -> Path:
     return tiny_recipe(folder, model_dir, folder / "unused", per_device_train_batch_size=4)
 
 
-def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys):
+def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    import tempfile
+
     output = tmp_path / "bench.json"
+    # Every scratch folder, the child processes' included, goes here, and none may be left behind.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     status = main(
         ["bench", str(tiny_bench_recipe(tmp_path, tiny_model_dir)), "--updates", "2", "--output", str(output)]
     )
@@ -52,6 +59,8 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys):
     # Ratios come first, then the table.
     assert text.index("ReviewTrainer real tokens/s vs stock Trainer") < text.index("| system |")
     assert "int8 prediction vs fp32:" in text and "| predict int8 |" in text
+    # (A library writes a one-line session file there; the bench's own scratch space is folders.)
+    assert [path for path in scratch.iterdir() if path.is_dir()] == []
 
 
 def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):

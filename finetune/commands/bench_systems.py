@@ -94,7 +94,7 @@ def _load(spec: SystemSpec) -> tuple[Any, Any, Any, Any]:
     from ..config.recipes import load_recipe
     from ..training.modeling import load_classifier, load_tokenizer
 
-    output_dir = tempfile.mkdtemp(prefix="finetune-bench-")
+    output_dir = _scratch_dir(spec)
     run = load_recipe(
         spec.recipe,
         [
@@ -112,6 +112,11 @@ def _load(spec: SystemSpec) -> tuple[Any, Any, Any, Any]:
     model = load_classifier(run.model, spec.label_names)
     samples = datasets.load_from_disk(spec.dataset_path)
     return run, tokenizer, model, samples
+
+
+def _scratch_dir(spec: SystemSpec) -> str:
+    """An ``output_dir`` for one system, inside the bench's work folder so that it is removed with it."""
+    return tempfile.mkdtemp(prefix="output-", dir=os.path.dirname(spec.dataset_path))
 
 
 class RecordingCollator:
@@ -292,7 +297,7 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     from ..data.encoding import ReviewEncoding
     from ..evaluation.inference import load_inference_model, predict_probabilities
 
-    run = load_recipe(spec.recipe, [*spec.overrides, "--output_dir", tempfile.mkdtemp(prefix="finetune-bench-")])
+    run = load_recipe(spec.recipe, [*spec.overrides, "--output_dir", _scratch_dir(spec)])
     samples = datasets.load_from_disk(spec.dataset_path)
     texts, labels = list(samples["text"]), list(samples["labels"])
     model, tokenizer = load_inference_model(Path(spec.model_dir))
