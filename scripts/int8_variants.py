@@ -1,86 +1,74 @@
-"""Which layers cost int8 its agreement with fp32? Export a model with some MatMuls kept in fp32 and compare labels.
+"""How far does each int8 quantization move a model's labels from fp32? Export it several ways and compare.
 
     python scripts/int8_variants.py runs/drugscom/seed-42 reviews.csv --label_column rating --work /tmp/int8
 
 ``reviews.csv`` holds the reviews in the model's text column and, optionally, their true labels
-(``--label_column``). Each variant is ``finetune export --int8`` with ONNX Runtime's
-``quantize_dynamic`` told to leave some nodes in fp32 (or to quantize only MatMul/Gemm, not the
-embedding Gather); every variant's labels are compared with the fp32 PyTorch model's, each review
-scored alone (batch 1, so padding plays no part). Prints one row per variant: labels that differ,
-agreement, accuracy, and the largest change of a class probability.
+(``--label_column``). Each variant is ``finetune export --int8`` with another quantization:
+the shipped blockwise MatMulNBits (8-bit weights and int8 products with activation scales per
+row and block of 32 input channels), the same with blocks of 128, and ONNX Runtime's
+``quantize_dynamic`` with per-channel weights (one activation scale per tensor; what the
+export used before), whole and with the FFN's second MatMul kept in fp32. Every variant's
+labels are compared with the fp32 PyTorch model's, each review scored alone (batch 1, so
+padding plays no part). Prints one row per variant: labels that differ, agreement, accuracy,
+the largest change of a class probability, and the file size.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from finetune.cli import main as finetune_main
+from finetune.commands.export import export
+from finetune.evaluation.export import quantize_blockwise
 
-# Hidden size 384, FFN width 1536 in the packaged MiniLM: a MatMul whose weight has a 1536 side is FFN.
-FFN_WIDTH = "1536"
+
+def matmul_nodes(onnx_path: Path) -> list[tuple[str, str]]:
+    """(name, inputs) of every MatMul/Gemm: the dynamo exporter's node names say nothing of the layer."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path)).graph
+    return [(node.name, " ".join(node.input)) for node in graph.node if node.op_type in ("MatMul", "Gemm")]
+
+
+def quantize_per_tensor(fp32_path: Path, int8_path: Path, keep_fp32: Callable[[str], bool] = lambda inputs: False):
+    """ONNX Runtime's quantize_dynamic: int8 weights per channel, one activation scale per tensor."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    excluded = [name for name, inputs in matmul_nodes(fp32_path) if keep_fp32(inputs)]
+    quantize_dynamic(
+        str(fp32_path),
+        str(int8_path),
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        op_types_to_quantize=["MatMul", "Gemm"],
+        nodes_to_exclude=excluded,
+    )
+
+
 VARIANTS = {
-    "all (as shipped)": dict(exclude=lambda nodes: [], matmul_only=False),
-    "MatMul only (embeddings fp32)": dict(exclude=lambda nodes: [], matmul_only=True),
+    "blockwise, blocks of 32 (shipped)": quantize_blockwise,
+    "blockwise, blocks of 128": functools.partial(quantize_blockwise, block_size=128),
+    "quantize_dynamic per channel (before)": quantize_per_tensor,
     # The FFN's second MatMul reads the GELU's output, the widest range of activations in BERT.
-    "FFN output fp32": dict(exclude=lambda nodes: [n for n, key in nodes if key.startswith("gelu")], matmul_only=True),
-    "FFN fp32 (attention int8)": dict(
-        exclude=lambda nodes: [n for n, key in nodes if FFN_WIDTH in key], matmul_only=True
-    ),
-    "attention fp32 (FFN int8)": dict(
-        exclude=lambda nodes: [n for n, key in nodes if FFN_WIDTH not in key], matmul_only=True
+    "quantize_dynamic, FFN output fp32": functools.partial(
+        quantize_per_tensor, keep_fp32=lambda inputs: inputs.startswith("gelu")
     ),
 }
 
 
-def matmul_nodes(onnx_path: str) -> list[tuple[str, str]]:
-    """(name, inputs and weight shapes) of every MatMul/Gemm: the dynamo exporter's names say nothing of the layer."""
-    import onnx
-
-    graph = onnx.load(onnx_path).graph
-    shapes = {tensor.name: list(tensor.dims) for tensor in graph.initializer}
-    return [
-        (node.name, " ".join(node.input) + " " + str([shapes.get(name) for name in node.input]))
-        for node in graph.node
-        if node.op_type in ("MatMul", "Gemm")
-    ]
-
-
-def finetune(argv: list[str]) -> None:
-    """Run a finetune command; stop here if it failed (it has printed why)."""
+def predictions(model: Path, reviews: Path, output: Path) -> pd.DataFrame:
+    """``finetune predict`` one review at a time (batch 1) into ``output``."""
+    argv = ["predict", str(model), "--input", str(reviews), "--output", str(output), "--batch_size", "1"]
     status = finetune_main(argv)
     if status:
         raise SystemExit(status)
-
-
-@contextlib.contextmanager
-def quantizing_as(variant: dict):
-    """Make ``finetune export`` quantize as ``variant`` says (its quantize_dynamic is looked up at call time)."""
-    import onnxruntime.quantization as quantization
-
-    original = quantization.quantize_dynamic
-
-    def quantize(source, destination, **options):
-        options["nodes_to_exclude"] = variant["exclude"](matmul_nodes(str(source)))
-        if variant["matmul_only"]:
-            options["op_types_to_quantize"] = ["MatMul", "Gemm"]
-        return original(source, destination, **options)
-
-    quantization.quantize_dynamic = quantize
-    try:
-        yield
-    finally:
-        quantization.quantize_dynamic = original
-
-
-def predictions(model: Path, reviews: Path, output: Path) -> pd.DataFrame:
-    """``finetune predict`` one review at a time (batch 1) into ``output``."""
-    finetune(["predict", str(model), "--input", str(reviews), "--output", str(output), "--batch_size", "1"])
     return pd.read_csv(output)
 
 
@@ -101,20 +89,19 @@ def main() -> None:
         return f"{(frame['label'] == frame[options.label_column]).mean():.4f}"
 
     print(
-        "| variant | labels differing from fp32 | agreement "
-        f"| accuracy (fp32 {accuracy(reference)}) | largest probability change |"
+        "| int8 variant | labels differing from fp32 | agreement "
+        f"| accuracy (fp32 {accuracy(reference)}) | largest probability change | MiB |"
     )
-    print("| --- | --- | --- | --- | --- |")
-    for number, (name, variant) in enumerate(VARIANTS.items()):
-        folder = options.work / f"int8-{number}"
-        with quantizing_as(variant):
-            finetune(["export", str(options.model), "--int8", "--output", str(folder)])
+    print("| --- | --- | --- | --- | --- | --- |")
+    for number, (name, quantize) in enumerate(VARIANTS.items()):
+        folder = export(str(options.model), str(options.work / f"int8-{number}"), quantize=quantize)
         result = predictions(folder, options.reviews, options.work / f"int8-{number}.csv")
         differ = int((result["label"] != reference["label"]).sum())
         change = np.abs(result[probability_columns].to_numpy() - reference[probability_columns].to_numpy()).max()
+        size = (folder / "model_int8.onnx").stat().st_size / 2**20
         print(
             f"| {name} | {differ} of {len(result)} | {1 - differ / len(result):.1%} "
-            f"| {accuracy(result)} | {change:.3f} |",
+            f"| {accuracy(result)} | {change:.3f} | {size:.0f} |",
             flush=True,
         )
 

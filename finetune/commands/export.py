@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import FinetuneError
 
 
-def export(model_path: str, output: str | None = None, int8: bool = True) -> Path:
-    """Write an int8 copy of ``model_path`` (a run or checkpoint folder) to ``output`` (default ``<model>-int8``)."""
+def export(
+    model_path: str, output: str | None = None, int8: bool = True, quantize: Callable[[Path, Path], None] | None = None
+) -> Path:
+    """Write an int8 copy of ``model_path`` (a run or checkpoint folder) to ``output`` (default ``<model>-int8``).
+
+    ``quantize(fp32_onnx, int8_onnx)`` replaces the shipped quantization (for comparing others).
+    """
     from ..evaluation.export import copy_run_record, export_int8, require_onnx_runtime
     from ..evaluation.inference import load_inference_model
     from ..training.runs import require_model_folder
@@ -27,7 +33,8 @@ def export(model_path: str, output: str | None = None, int8: bool = True) -> Pat
         raise FinetuneError(f"--output {output_dir}: folder {output_dir.parent} does not exist; create it first")
     model, tokenizer = load_inference_model(model_dir)
     try:
-        onnx_file = export_int8(model, tokenizer, output_dir, source=str(model_dir))
+        options = {"quantize": quantize} if quantize is not None else {}
+        onnx_file = export_int8(model, tokenizer, output_dir, source=str(model_dir), **options)
         copy_run_record(model_dir, output_dir)
     except BaseException:
         # Half an export is no model: leave nothing a later predict could mistake for one.
