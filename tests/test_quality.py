@@ -222,6 +222,12 @@ def test_seeds_train_once_per_seed_and_summarise(tmp_path, tiny_model_dir, capsy
     assert summary["mean"]["test accuracy"] == pytest.approx(statistics.fmean(accuracies))
     assert summary["sd"]["test accuracy"] == pytest.approx(statistics.stdev(accuracies))
     assert summary["mean"]["baseline accuracy"] is not None
+    # The lead over the baseline is taken run by run, then averaged.
+    for entry in summary["runs"]:
+        assert entry["accuracy vs baseline"] == pytest.approx(entry["test accuracy"] - entry["baseline accuracy"])
+        assert entry["macro-F1 vs baseline"] == pytest.approx(entry["test macro-F1"] - entry["baseline macro-F1"])
+    leads = [entry["accuracy vs baseline"] for entry in summary["runs"]]
+    assert summary["mean"]["accuracy vs baseline"] == pytest.approx(statistics.fmean(leads))
     table = (tmp_path / "runs" / "seeds.md").read_text()
     assert "| mean ± sd |" in table and table in capsys.readouterr().out
     # A second time the summary is not overwritten without the flag.
