@@ -230,6 +230,7 @@ def test_seeds_train_once_per_seed_and_summarise(tmp_path, tiny_model_dir, capsy
     assert summary["mean"]["accuracy vs baseline"] == pytest.approx(statistics.fmean(leads))
     table = (tmp_path / "runs" / "seeds.md").read_text()
     assert "| mean ± sd |" in table and table in capsys.readouterr().out
+    assert "± +" not in table and "± -" not in table  # a spread has no sign
     # A second time the summary is not overwritten without the flag.
     assert main(["train", str(recipe), "--seeds", "2", *flags]) == 2
 

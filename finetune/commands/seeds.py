@@ -89,9 +89,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     for entry in summary["runs"]:
         lines.append(f"| {entry['seed']} | " + " | ".join(_cell(entry[name], name) for name in names) + " |")
     mean, sd = summary["mean"], summary["sd"]
-    lines.append(
-        "| mean ± sd | " + " | ".join(f"{_cell(mean[name], name)} ± {_cell(sd[name], name)}" for name in names) + " |"
-    )
+    spreads = [f"{_cell(mean[name], name)} ± {_cell(sd[name], name, signed=False)}" for name in names]
+    lines.append("| mean ± sd | " + " | ".join(spreads) + " |")
     return "\n".join(lines)
 
 
@@ -118,9 +117,9 @@ def _sd(values: list[float | None]) -> float | None:
     return statistics.stdev(known) if len(known) > 1 else None
 
 
-def _cell(value: float | None, name: str) -> str:
+def _cell(value: float | None, name: str, signed: bool = True) -> str:
     if value is None:
         return "-"
-    if name in _LEADS:
+    if name in _LEADS and signed:
         return f"{value:+.3f}"
     return f"{value:.0f}" if name == "train seconds" else f"{value:.3f}"
