@@ -405,3 +405,17 @@ def test_a_mean_pooled_run_loads_in_pipeline_without_remote_code(tmp_path, tiny_
     assert classify(text)[0]["label"] == saved.config.id2label[int(logits.argmax())]
     # Fine-tuning a mean-pooled model again keeps its one pooling layer.
     assert _mean_pooled_classifier(tmp_path / "run").config.num_hidden_layers == 3
+
+
+def test_mean_pooling_on_a_model_without_a_bert_pooler_is_one_line_with_the_fix(tmp_path, tokenizer):
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    from finetune.errors import FinetuneError
+
+    config = DistilBertConfig(
+        vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=2, hidden_dim=64, num_labels=3
+    )
+    DistilBertForSequenceClassification(config).save_pretrained(tmp_path / "distilbert")
+    tokenizer.save_pretrained(tmp_path / "distilbert")
+    with pytest.raises(FinetuneError, match=r"pooling: mean works on BERT classifiers .* use pooling: cls"):
+        _mean_pooled_classifier(tmp_path / "distilbert")
