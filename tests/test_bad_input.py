@@ -836,6 +836,10 @@ def test_calibrate_without_a_validation_split_is_refused_before_anything_is_writ
         "(e.g. --validation_split_percentage 10) or leave out --calibrate"
     )
     assert snapshot(tmp_path / "run") == before  # no errors_test.csv, no picture, the model untouched
+    # Scoring a split the run does not have names the ones it has.
+    assert run_cli(["evaluate", tmp_path / "run", "--split", "validation"], capsys) == (
+        "error: the run's data has no 'validation' split (it has train); pass --data FILE"
+    )
 
 
 def test_predict_output_into_a_missing_folder(tiny_model_dir, tmp_path, capsys):

@@ -130,6 +130,10 @@ def add_uncertainty(
             )
 
 
+class MissingSplit(FinetuneError):
+    """The run's data has no such split (a ``FinetuneError``, so the CLI still prints one line)."""
+
+
 def _calibration_data(model_dir: Path, label_names: list[str]) -> ScoringData:
     """The run's validation reviews, which ``--calibrate`` fits its temperature on; refused for an ONNX export."""
     from ..evaluation.export import is_onnx_folder
@@ -138,9 +142,7 @@ def _calibration_data(model_dir: Path, label_names: list[str]) -> ScoringData:
         raise FinetuneError(f"{model_dir} is an ONNX export; calibrate the PyTorch model, then export it again")
     try:
         return load_labelled_texts(model_dir, None, "validation", label_names)
-    except FinetuneError as error:
-        if "has no 'validation' split" not in str(error):
-            raise
+    except MissingSplit:
         raise FinetuneError(
             f"--calibrate fits a temperature on the run's validation split, and {model_dir}'s run has none "
             "(validation_split_percentage: 0 trains on all of train); train with a validation split "
@@ -311,7 +313,10 @@ def load_labelled_texts(model_dir: Path, data: str | None, split: str, label_nam
         return scoring
     splits = load_review_data(data_args, seed=run_config.get("seed", 42)).splits
     if split not in splits:
-        raise FinetuneError(f"the run's data has no '{split}' split; pass --split validation or --data FILE")
+        choices = [f"--split {name}" for name in splits if name != "train"] + ["--data FILE"]
+        raise MissingSplit(
+            f"the run's data has no '{split}' split (it has {', '.join(splits)}); pass {' or '.join(choices)}"
+        )
     return ScoringData(
         list(splits[split]["text"]),
         list(splits[split]["labels"]),
