@@ -150,7 +150,7 @@ def _train_checked(
         if encoding.sliding_window:
             # Long reviews read in overlapping windows, as evaluate and predict will read them.
             predicted = predict_probabilities(
-                trainer.model, tokenizer, list(data.splits["test"]["text"]), args.per_device_eval_batch_size, encoding
+                trainer.model, tokenizer, data.splits["test"]["text"], args.per_device_eval_batch_size, encoding
             ).argmax(-1)
             references = list(data.splits["test"]["labels"])
         else:
