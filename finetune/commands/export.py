@@ -33,8 +33,7 @@ def export(
         raise FinetuneError(f"--output {output_dir}: folder {output_dir.parent} does not exist; create it first")
     model, tokenizer = load_inference_model(model_dir)
     try:
-        options = {"quantize": quantize} if quantize is not None else {}
-        onnx_file = export_int8(model, tokenizer, output_dir, source=str(model_dir), **options)
+        onnx_file = export_int8(model, tokenizer, output_dir, source=str(model_dir), quantize=quantize)
         copy_run_record(model_dir, output_dir)
     except BaseException:
         # Half an export is no model: leave nothing a later predict could mistake for one.
