@@ -8,7 +8,7 @@
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
-| ``export MODEL --int8 [--output DIR]`` | :func:`finetune.commands.export.export` |
+| ``export MODEL --int8 [--output DIR] [--backend B] [--calibration FILE]`` | :func:`finetune.commands.export.export` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
@@ -94,7 +94,14 @@ def _predict(options: argparse.Namespace, extra: list[str]) -> None:
 def _export(options: argparse.Namespace, extra: list[str]) -> None:
     from .commands.export import export
 
-    export(options.model, output=options.output, int8=options.int8)
+    export(
+        options.model,
+        output=options.output,
+        int8=options.int8,
+        backend=options.backend,
+        calibration=options.calibration,
+        calibration_reviews=options.calibration_reviews,
+    )
 
 
 def _bench(options: argparse.Namespace, extra: list[str]) -> None:
@@ -169,6 +176,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_cli() -> argparse.ArgumentParser:
     """The argument parser of the ``finetune`` command."""
+    from .commands.export import BACKENDS, CALIBRATION_REVIEWS
+
     parser = _Parser(prog="finetune", description="Fine-tune BERT-family models on customer reviews.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -231,11 +240,28 @@ def build_cli() -> argparse.ArgumentParser:
     predict.set_defaults(handler=_predict)
 
     export = commands.add_parser(
-        "export", help="an int8 ONNX copy of a model for fast CPU prediction (needs: pip install 'finetune[export]')"
+        "export", help="an int8 copy of a model for fast CPU prediction (needs: pip install 'finetune[export]')"
     )
     export.add_argument("model", help="a model folder (a run's output_dir or a checkpoint)")
-    export.add_argument("--int8", action="store_true", help="dynamic int8 quantization of the Linear layers")
+    export.add_argument("--int8", action="store_true", help="int8 weights and activations in the Linear layers")
     export.add_argument("--output", metavar="DIR", help="where the exported folder goes (default: MODEL-int8)")
+    export.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="openvino",
+        help="openvino: static int8, calibrated on reviews, fastest (default); onnxruntime: dynamic int8, no reviews",
+    )
+    export.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="CSV, TSV or JSONL of reviews to calibrate on (default: drawn from the run's train split)",
+    )
+    export.add_argument(
+        "--calibration_reviews",
+        type=positive_int,
+        default=CALIBRATION_REVIEWS,
+        help=f"how many reviews calibrate static int8 (default {CALIBRATION_REVIEWS})",
+    )
     export.set_defaults(handler=_export)
 
     bench = commands.add_parser(

@@ -54,11 +54,11 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
     for row in prediction["systems"].values():
         assert row["reviews"] == 111 and row["reviews_per_second"] > 0 and row["peak_rss_mib"] > 0
     ratios = prediction["int8_vs_fp32"]
-    assert ratios["speedup"] > 0 and 0.0 <= ratios["agreement"] <= 1.0
+    assert ratios["speedup"] > 0 and 0.0 <= ratios["agreement"] <= 1.0 and ratios["backend"] == "openvino"
     text = capsys.readouterr().out
     # Ratios come first, then the table.
     assert text.index("ReviewTrainer real tokens/s vs stock Trainer") < text.index("| system |")
-    assert "int8 prediction vs fp32:" in text and "| predict int8 |" in text
+    assert "int8 prediction (openvino) vs fp32:" in text and "| predict int8 |" in text
     # (A library writes a one-line session file there; the bench's own scratch space is folders.)
     assert [path for path in scratch.iterdir() if path.is_dir()] == []
 

@@ -1,4 +1,4 @@
-"""``finetune export --int8`` on the tiny model: the folder round-trips through predict and evaluate."""
+"""``finetune export --int8`` on the tiny model: both backends' folders round-trip through predict and evaluate."""
 
 from __future__ import annotations
 
@@ -7,17 +7,22 @@ import json
 
 import numpy as np
 import pytest
+from helpers import tiny_recipe
 
 from finetune.cli import main
 
 pytest.importorskip("onnxruntime", reason="finetune export needs the [export] extra")
+pytest.importorskip("openvino", reason="finetune export needs the [export] extra")
+pytest.importorskip("nncf", reason="finetune export needs the [export] extra")
+
+TEXTS = ["great value, works perfectly", "broke after a week", "it is fine", "awful, returned it"] * 8
 
 
-def test_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
+def test_onnxruntime_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
     from finetune.evaluation.inference import load_inference_model, predict_probabilities
 
     exported = tmp_path / "tiny-int8"
-    assert main(["export", str(tiny_model_dir), "--int8", "--output", str(exported)]) == 0
+    assert main(["export", str(tiny_model_dir), "--int8", "--backend", "onnxruntime", "--output", str(exported)]) == 0
     assert (exported / "model_int8.onnx").is_file() and (exported / "tokenizer.json").is_file()
     assert json.loads((exported / "export.json").read_text())["format"] == "ONNX"
     # Every MatMul was quantized: none is left reading an fp32 weight.
@@ -29,12 +34,12 @@ def test_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
     assert not [node for node in graph.node if node.op_type == "MatMul" and weights & set(node.input)]
     # Exporting again over it is refused, and the folder is left as it was.
     before = (exported / "model_int8.onnx").read_bytes()
-    assert main(["export", str(tiny_model_dir), "--int8", "--output", str(exported)]) == 2
+    assert main(["export", str(tiny_model_dir), "--int8", "--backend", "onnxruntime", "--output", str(exported)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert (exported / "model_int8.onnx").read_bytes() == before
 
     # The int8 model gives nearly the fp32 model's probabilities.
-    texts = ["great value, works perfectly", "broke after a week", "it is fine", "awful, returned it"] * 8
+    texts = TEXTS
     fp32 = predict_probabilities(*load_inference_model(tiny_model_dir), texts, batch_size=8)
     int8 = predict_probabilities(*load_inference_model(exported), texts, batch_size=8)
     assert int8.shape == fp32.shape and np.allclose(int8.sum(1), 1, atol=1e-5)
@@ -53,3 +58,119 @@ def test_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
     assert main(["evaluate", str(exported), "--data", str(labelled), "--resamples", "50"]) == 0
     report = json.loads((exported / "evaluation_labelled.json").read_text())[0]
     assert report["num_samples"] == 3 and len(report["intervals"]["accuracy"]) == 2
+
+
+def _weight_source(node):
+    """The node a MatMul's weight input comes from, through the conversions int8 weights are stored with."""
+    while node.get_type_name() in ("Convert", "Multiply", "Subtract", "Reshape", "Transpose"):
+        node = node.input_value(0).get_node()
+    return node
+
+
+def test_openvino_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
+    import openvino as ov
+
+    from finetune.evaluation.inference import load_inference_model, predict_probabilities
+
+    calibration = tmp_path / "calibration.csv"
+    calibration.write_text("text\n" + "".join(f'"{text}"\n' for text in TEXTS[:4]) + "unused review\n")
+    exported = tmp_path / "tiny-int8"
+    command = ["export", str(tiny_model_dir), "--int8", "--calibration", str(calibration), "--output", str(exported)]
+    assert main([*command, "--calibration_reviews", "4"]) == 0
+    assert "openvino" in capsys.readouterr().err
+    record = json.loads((exported / "export.json").read_text())
+    assert record["backend"] == "openvino" and record["calibration_reviews"] == 4
+    assert (exported / "openvino_model.bin").is_file() and (exported / "tokenizer.json").is_file()
+
+    # Static int8: every MatMul with a weight reads int8 weights, and its activations pass a
+    # FakeQuantize whose range was measured in calibration.
+    model = ov.Core().read_model(str(exported / "openvino_model.xml"))
+    weighted = [
+        op
+        for op in model.get_ordered_ops()
+        if op.get_type_name() == "MatMul" and _weight_source(op.input_value(1).get_node()).get_type_name() == "Constant"
+    ]
+    assert len(weighted) == 2 * 6 + 2  # 2 layers of Q, K, V, attention output, FFN in and out; pooler, classifier
+    assert {str(_weight_source(op.input_value(1).get_node()).get_element_type()) for op in weighted} == {
+        "<Type: 'int8_t'>"
+    }
+    assert all(op.input_value(0).get_node().get_type_name() == "FakeQuantize" for op in weighted)
+
+    # Exporting again over it is refused, and the folder is left as it was.
+    before = (exported / "openvino_model.bin").read_bytes()
+    assert main(command) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (exported / "openvino_model.bin").read_bytes() == before
+
+    # The int8 model gives nearly the fp32 model's probabilities, and predict takes its folder.
+    fp32 = predict_probabilities(*load_inference_model(tiny_model_dir), TEXTS, batch_size=8)
+    int8 = predict_probabilities(*load_inference_model(exported), TEXTS, batch_size=8)
+    assert int8.shape == fp32.shape and np.allclose(int8.sum(1), 1, atol=1e-5)
+    assert np.abs(int8 - fp32).max() < 0.02
+    output = tmp_path / "out.csv"
+    assert main(["predict", str(exported), "--input", str(calibration), "--output", str(output)]) == 0
+    rows = list(csv.DictReader(output.read_text(encoding="utf-8").splitlines()))
+    assert [row["label"] for row in rows[:4]] == [f"LABEL_{index}" for index in int8[:4].argmax(1)]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, tiny_model_dir):
+    """A tiny run trained for one epoch, with its ``finetune_run.json``: its train split calibrates."""
+    folder = tmp_path_factory.mktemp("export-run")
+    recipe = tiny_recipe(
+        folder,
+        tiny_model_dir,
+        folder / "run",
+        num_train_epochs=1,
+        eval_strategy='"no"',
+        save_strategy='"no"',
+        load_best_model_at_end="false",
+    )
+    assert main(["train", str(recipe)]) == 0
+    return folder / "run"
+
+
+def test_openvino_export_calibrates_on_the_run_train_split(small_run, tmp_path):
+    exported = tmp_path / "run-int8"
+    assert main(["export", str(small_run), "--int8", "--calibration_reviews", "40", "--output", str(exported)]) == 0
+    record = json.loads((exported / "export.json").read_text())
+    assert record["calibration_source"] == "the run's train split" and record["calibration_reviews"] == 40
+    # The run's record comes along, so predict reads reviews (title, cleaning) as the run trained.
+    assert (exported / "finetune_run.json").read_bytes() == (small_run / "finetune_run.json").read_bytes()
+    assert main(["evaluate", str(exported), "--resamples", "50"]) == 0
+    fp32 = json.loads((small_run / "test_report.json").read_text())
+    int8 = json.loads((exported / "evaluation_test.json").read_text())[0]
+    assert int8["num_samples"] == fp32["num_samples"] == 111
+    assert abs(int8["accuracy"] - fp32["accuracy"]) <= 2 / 111
+
+
+def test_calibration_samples_are_the_windows_predict_scores(tokenizer):
+    from finetune.data.encoding import ReviewEncoding, encode_windows
+    from finetune.evaluation.openvino_export import _calibration_samples
+
+    texts = ["short review", " ".join(["long"] * 100)]
+    encoding = ReviewEncoding(max_length=32, sliding_window=True, window_stride=8)
+    samples = _calibration_samples(tokenizer, texts, encoding)
+    windows = encode_windows(tokenizer, texts, encoding)[0]
+    assert len(samples) == len(windows["input_ids"]) > len(texts)
+    assert [sample["input_ids"][0].tolist() for sample in samples] == windows["input_ids"]
+    assert all(sample["input_ids"].shape == (1, len(sample["input_ids"][0])) for sample in samples)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ([], "pass --calibration FILE"),  # a model folder with no run on record
+        (["--calibration", "missing.csv"], "input file not found: missing.csv"),
+        (["--backend", "onnxruntime", "--calibration", "x.csv"], "--calibration is for --backend openvino"),
+        (["--calibration_reviews", "0"], "--calibration_reviews"),
+        (["--backend", "tensorrt"], "--backend"),
+    ],
+)
+def test_export_refusals_say_the_fix_and_write_nothing(tiny_model_dir, tmp_path, capsys, monkeypatch, extra, says):
+    monkeypatch.chdir(tmp_path)
+    exported = tmp_path / "out"
+    assert main(["export", str(tiny_model_dir), "--int8", "--output", str(exported), *extra]) == 2
+    error = capsys.readouterr().err.strip()
+    assert says in error and len(error.splitlines()) == 1 and "Traceback" not in error
+    assert not exported.exists()

@@ -107,7 +107,10 @@ def bench(
                     path = workdir / "inference"
                     data.splits[held_out].select_columns(["text", "labels"]).save_to_disk(str(path))
                     specs.append(SystemSpec(INFERENCE, recipe, overrides, str(path), data.label_names, updates))
-                    specs += _prediction_specs(run, recipe, overrides, tokenizer, data.label_names, str(path), workdir)
+                    train_texts = list(data.splits["train"]["text"])
+                    specs += _prediction_specs(
+                        run, recipe, overrides, tokenizer, data.label_names, str(path), workdir, train_texts
+                    )
         results = _run_children(specs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -216,16 +219,24 @@ def _prediction_specs(
     label_names: list[str],
     held_out: str,
     workdir: Path,
+    train_texts: list[str],
 ) -> list[SystemSpec]:
-    """``finetune predict`` from the recipe's model saved as is (fp32) and exported to int8, when ONNX Runtime is here.
+    """``finetune predict`` from the recipe's model saved as is (fp32) and exported to int8 as ``finetune export`` does.
 
-    With ``--model_name_or_path`` a fine-tuned run, the accuracies are real; a base model gets
+    The int8 copy is OpenVINO static int8 calibrated on the train split's reviews, or
+    ONNX Runtime's dynamic int8 where OpenVINO is not installed. With
+    ``--model_name_or_path`` a fine-tuned run, the accuracies are real; a base model gets
     a seeded random head, so only the speeds and the agreement mean something.
     """
+    import dataclasses
+
     from transformers import set_seed
 
-    from ..evaluation.export import export_int8, require_onnx_runtime
+    from ..data.encoding import ReviewEncoding
+    from ..evaluation.export import export_int8
+    from ..evaluation.openvino_export import export_openvino_int8, sample_calibration_texts
     from ..training.modeling import load_classifier
+    from .export import CALIBRATION_REVIEWS
 
     set_seed(run.training.seed)
     model = load_classifier(run.model, label_names)
@@ -233,14 +244,36 @@ def _prediction_specs(
     model.save_pretrained(fp32_dir)
     tokenizer.save_pretrained(fp32_dir)
     specs = [SystemSpec(PREDICT_FP32, recipe, overrides, held_out, label_names, 1, model_dir=str(fp32_dir))]
-    try:
-        require_onnx_runtime()
-    except FinetuneError as missing:
-        print(f"note: no int8 rows: {missing}", file=sys.stderr)
+    source = run.model.model_name_or_path
+    backend = _int8_backend()
+    if backend == "openvino":
+        encoding = ReviewEncoding.from_fields(dataclasses.asdict(run.data))
+        calibration = sample_calibration_texts(train_texts, CALIBRATION_REVIEWS)
+        export_openvino_int8(model, tokenizer, int8_dir, source, calibration, encoding, "the recipe's train split")
+    elif backend == "onnxruntime":
+        export_int8(model, tokenizer, int8_dir, source=source)
+    else:
         return specs
-    export_int8(model, tokenizer, int8_dir, source=run.model.model_name_or_path)
     specs.append(SystemSpec(PREDICT_INT8, recipe, overrides, held_out, label_names, 1, model_dir=str(int8_dir)))
     return specs
+
+
+def _int8_backend() -> str | None:
+    """The export backend the int8 rows can use: OpenVINO, else ONNX Runtime (with a note), else None (a note)."""
+    from ..evaluation.export import require_onnx_runtime
+    from ..evaluation.openvino_export import require_openvino
+
+    try:
+        require_openvino()
+        return "openvino"
+    except FinetuneError as no_openvino:
+        try:
+            require_onnx_runtime()
+        except FinetuneError as missing:
+            print(f"note: no int8 rows: {missing}", file=sys.stderr)
+            return None
+        print(f"note: int8 rows from ONNX Runtime's dynamic int8: {no_openvino}", file=sys.stderr)
+        return "onnxruntime"
 
 
 def _run_children(specs: list[SystemSpec]) -> list[dict[str, Any]]:
@@ -338,6 +371,7 @@ def _prediction_rows(fp32: dict[str, Any], int8: dict[str, Any] | None) -> dict[
     if int8 is not None:
         fast, base = rows[PREDICT_INT8], rows[PREDICT_FP32]
         report["int8_vs_fp32"] = {
+            "backend": int8.get("backend"),
             "speedup": fast["reviews_per_second"] / base["reviews_per_second"],
             "accuracy_points": 100 * (fast["accuracy"] - base["accuracy"]),
             "agreement": float(np.mean(np.asarray(int8["predictions"]) == np.asarray(fp32["predictions"]))),
@@ -397,7 +431,8 @@ def _format_prediction(prediction: dict[str, Any]) -> list[str]:
     ratios = prediction.get("int8_vs_fp32")
     if ratios:
         lines.append(
-            f"int8 prediction vs fp32: {ratios['speedup']:.2f}x reviews/s, accuracy {ratios['accuracy_points']:+.1f} "
+            f"int8 prediction ({ratios['backend']}) vs fp32: {ratios['speedup']:.2f}x reviews/s, "
+            f"accuracy {ratios['accuracy_points']:+.1f} "
             f"points, {ratios['agreement']:.1%} of labels agree, peak RSS {ratios['peak_rss_ratio']:.2f}x"
         )
     lines += [

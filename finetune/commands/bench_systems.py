@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import resource
 import sys
 import tempfile
@@ -288,7 +289,7 @@ def _inference(spec: SystemSpec, queue: Any) -> dict[str, Any]:
 
 
 def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
-    """``finetune predict``'s inference on the held-out reviews from a saved folder (PyTorch fp32 or int8 ONNX)."""
+    """``finetune predict``'s inference on the held-out reviews from a saved folder (PyTorch fp32 or an int8 export)."""
     from pathlib import Path
 
     import datasets
@@ -316,4 +317,18 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         "predictions": probabilities.argmax(-1).tolist(),
         "labels": labels,
         "peak_rss_bytes": peak_rss_bytes(),
+        "backend": _export_backend(pathlib.Path(spec.model_dir)),
     }
+
+
+def _export_backend(model_dir: pathlib.Path) -> str:
+    """``openvino`` or ``onnxruntime`` for an int8 export (from its ``export.json``), ``pytorch`` otherwise."""
+    import json
+
+    from ..evaluation.export import EXPORT_RECORD
+
+    record = model_dir / EXPORT_RECORD
+    if not record.is_file():
+        return "pytorch"
+    # Exports from before OpenVINO was a backend were all ONNX Runtime's and say no backend.
+    return json.loads(record.read_text(encoding="utf-8")).get("backend", "onnxruntime")

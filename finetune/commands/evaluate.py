@@ -135,11 +135,11 @@ class MissingSplit(FinetuneError):
 
 
 def _calibration_data(model_dir: Path, label_names: list[str]) -> ScoringData:
-    """The run's validation reviews, which ``--calibrate`` fits its temperature on; refused for an ONNX export."""
-    from ..evaluation.export import is_onnx_folder
+    """The run's validation reviews, which ``--calibrate`` fits its temperature on; refused for an int8 export."""
+    from ..evaluation.inference import is_exported_folder
 
-    if is_onnx_folder(model_dir):
-        raise FinetuneError(f"{model_dir} is an ONNX export; calibrate the PyTorch model, then export it again")
+    if is_exported_folder(model_dir):
+        raise FinetuneError(f"{model_dir} is an int8 export; calibrate the PyTorch model, then export it again")
     try:
         return load_labelled_texts(model_dir, None, "validation", label_names)
     except MissingSplit:

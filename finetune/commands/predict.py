@@ -92,6 +92,28 @@ def predict(
     return count
 
 
+def read_model_inputs(
+    model_dir: Path, input_path: str, text_column: str | None = None, limit: int | None = None
+) -> list[str]:
+    """The first ``limit`` reviews of ``input_path`` as ``predict`` feeds them to ``model_dir``'s model.
+
+    Read as predict reads them (CSV, TSV or JSONL; the recipe's text column or a
+    guessed one; cleaned and joined to the title as in training).
+    """
+    from ..training.runs import find_run_config
+
+    data_fields = (find_run_config(model_dir) or {}).get("data", {})
+    rows, _ = _open_rows(input_path)
+    if rows.is_stdin:
+        raise FinetuneError("reviews to read must come from a file; pass a .csv, .tsv or .jsonl path")
+    with rows:
+        taken = list(itertools.islice(rows.rows, limit))
+    if not taken:
+        raise FinetuneError(f"{input_path} has no rows; give it at least one review")
+    column = text_column or _guess_text_column(taken, data_fields.get("text_column"), input_path)
+    return _model_inputs(taken, column, data_fields.get("title_column"), data_fields.get("clean_text", True))
+
+
 def _result(row: dict[str, Any], probs: Any, label_names: list[str]) -> dict[str, Any]:
     best = int(probs.argmax())
     result = {**row, "label": label_names[best], "probability": round(float(probs[best]), 6)}

@@ -1,4 +1,9 @@
-"""An int8 copy of a model for fast CPU prediction: ONNX export, then ONNX Runtime's dynamic quantization.
+"""An int8 copy of a model for CPU prediction: ONNX export, then ONNX Runtime's dynamic quantization.
+
+The default backend of ``finetune export --int8`` is OpenVINO's static int8
+(:mod:`.openvino_export`), 2x as fast here; this one, ``--backend
+onnxruntime``, needs no calibration reviews, so it also exports a model
+folder with no run on record.
 
 torch 2.13 still ships ``torch.ao.quantization.quantize_dynamic``, but its
 quantized tensors are deprecated and to be removed; torchao's int8 dynamic
@@ -89,7 +94,7 @@ def export_int8(
         tempfile.TemporaryDirectory(prefix="finetune-export-") as scratch,
         contextlib.redirect_stdout(io.StringIO()),
         warnings.catch_warnings(),
-        _quiet_loggers("torch.onnx", "torch._export", ""),
+        quiet_loggers("torch.onnx", "torch._export", ""),
     ):
         warnings.simplefilter("ignore")
         fp32_path = Path(scratch) / "model.onnx"
@@ -111,6 +116,7 @@ def export_int8(
     record = {
         "source": source,
         "format": "ONNX",
+        "backend": "onnxruntime",
         "quantization": (
             "ONNX Runtime quantize_dynamic: int8 weights (QInt8, per channel), activations at run time"
             if quantize is None
@@ -123,7 +129,8 @@ def export_int8(
 
 
 @contextlib.contextmanager
-def _quiet_loggers(*names: str) -> Iterator[None]:
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """Raise the named loggers to ERROR for the block ('' is the root logger), then restore their levels."""
     loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
     for logger in loggers:

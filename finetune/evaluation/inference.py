@@ -13,6 +13,10 @@ from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTok
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
 from ..errors import FinetuneError
 from .export import OnnxClassifier, is_onnx_folder, require_onnx_runtime
+from .openvino_export import OpenVinoClassifier, is_openvino_folder, require_openvino
+
+# Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.
+EXPORTED_CLASSIFIERS = (OnnxClassifier, OpenVinoClassifier)
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -21,10 +25,18 @@ def check_batch_size(batch_size: int) -> None:
         raise FinetuneError(f"batch_size must be a whole number >= 1 (got {batch_size!r}); pass --batch_size 32")
 
 
+def is_exported_folder(folder: Path) -> bool:
+    """True when ``folder`` holds an int8 export (OpenVINO or ONNX) rather than PyTorch weights."""
+    return is_openvino_folder(folder) or is_onnx_folder(folder)
+
+
 def require_inference_folder(model_dir: Path) -> None:
-    """Raise unless ``model_dir`` holds a model to predict with: PyTorch weights, or an int8 ONNX export."""
+    """Raise unless ``model_dir`` holds a model to predict with: PyTorch weights, or an int8 export."""
     from ..training.runs import require_model_folder
 
+    if is_openvino_folder(model_dir):
+        require_openvino()
+        return
     if is_onnx_folder(model_dir):
         require_onnx_runtime()
         return
@@ -32,11 +44,13 @@ def require_inference_folder(model_dir: Path) -> None:
 
 
 def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]:
-    """The classifier in ``model_dir`` (PyTorch, or ONNX Runtime for an int8 export) and its tokenizer."""
+    """The classifier in ``model_dir`` (PyTorch, or OpenVINO / ONNX Runtime for an int8 export) and its tokenizer."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     require_inference_folder(model_dir)
+    if is_openvino_folder(model_dir):
+        return OpenVinoClassifier(model_dir), AutoTokenizer.from_pretrained(model_dir)
     if is_onnx_folder(model_dir):
         return OnnxClassifier(model_dir), AutoTokenizer.from_pretrained(model_dir)
     # The "Loading weights" bar would interleave with predictions and error lines on stderr.
@@ -85,19 +99,19 @@ def _logits(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: dict[str, list], batch_size: int
 ) -> np.ndarray:
     """The model's logits for every encoded row, in row order (float64)."""
-    onnx = isinstance(model, OnnxClassifier)
-    device = torch.device("cuda" if torch.cuda.is_available() and not onnx else "cpu")
-    if not onnx:
+    exported = isinstance(model, EXPORTED_CLASSIFIERS)
+    device = torch.device("cuda" if torch.cuda.is_available() and not exported else "cpu")
+    if not exported:
         model.to(device).eval()
     inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in rows]
     order = np.argsort([len(ids) for ids in rows["input_ids"]], kind="stable")
-    collator = DataCollatorWithPadding(tokenizer, return_tensors="np" if onnx else "pt")
+    collator = DataCollatorWithPadding(tokenizer, return_tensors="np" if exported else "pt")
     logits = np.zeros((len(rows["input_ids"]), model.config.num_labels), dtype=np.float64)
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             chosen = order[start : start + batch_size]
             batch = collator([{name: rows[name][row] for name in inputs} for row in chosen])
-            if onnx:
+            if exported:
                 logits[chosen] = model.logits(batch)
                 continue
             output = model(**{name: value.to(device) for name, value in batch.items()}).logits
