@@ -35,6 +35,12 @@ from .export import EXPORT_RECORD, quiet_loggers
 
 OPENVINO_FILE = "openvino_model.xml"
 CALIBRATION_SEED = 0
+# The first layer's feed-forward output (BERT, RoBERTa: layer.0.output.dense; DistilBERT:
+# layer.0.ffn.lin2) stays in fp32. Of all the model's matrix products, keeping that one in fp32
+# cut the int8 logits' error the most, on drugscom (mean 0.048 -> 0.038, 99th percentile
+# 0.46 -> 0.26) and on the quickstart (0.039 -> 0.031, 0.48 -> 0.26), for about a tenth of the
+# speed-up; any other layer's did next to nothing (README, "Fast prediction").
+FP32_MATMULS = (r".*\.layer\.0\.(output\.dense|ffn\.lin2)/.*",)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _INSTALL_HINT = (
     "finetune export --int8 needs OpenVINO and NNCF; install them with: pip install 'finetune[export]' "
@@ -105,6 +111,8 @@ def export_openvino_int8(
             nncf.Dataset(samples),
             model_type=nncf.ModelType.TRANSFORMER,
             subset_size=len(samples),
+            # validate=False: a model without such a layer is quantized whole rather than refused.
+            ignored_scope=nncf.IgnoredScope(patterns=list(FP32_MATMULS), validate=False),
         )
         ov.save_model(quantized, output_dir / OPENVINO_FILE, compress_to_fp16=False)
     model.config.save_pretrained(output_dir)
@@ -114,7 +122,8 @@ def export_openvino_int8(
         "format": "OpenVINO IR",
         "backend": "openvino",
         "quantization": "NNCF static int8 (ModelType.TRANSFORMER: SmoothQuant, int8 weights per channel, "
-        "int8 activations with ranges measured on the calibration reviews)",
+        "int8 activations with ranges measured on the calibration reviews); the first layer's feed-forward "
+        "output in fp32",
         "calibration_reviews": len(calibration_texts),
         "calibration_source": calibration_source,
         "model_file": OPENVINO_FILE,
