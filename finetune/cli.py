@@ -101,6 +101,7 @@ def _export(options: argparse.Namespace, extra: list[str]) -> None:
         backend=options.backend,
         calibration=options.calibration,
         calibration_reviews=options.calibration_reviews,
+        weights_only=options.weights_only,
     )
 
 
@@ -261,6 +262,11 @@ def build_cli() -> argparse.ArgumentParser:
         type=positive_int,
         default=CALIBRATION_REVIEWS,
         help=f"how many reviews calibrate static int8 (default {CALIBRATION_REVIEWS})",
+    )
+    export.add_argument(
+        "--weights_only",
+        action="store_true",
+        help="openvino: int8 weights, activations quantized at run time in groups of 32; closer to fp32, slower",
     )
     export.set_defaults(handler=_export)
 

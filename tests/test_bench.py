@@ -50,15 +50,19 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
     assert report["inference"]["max_abs_probability_difference"] < 1e-4
     # finetune predict from the saved fp32 model and from its int8 export, on the same held-out reviews.
     prediction = report["prediction"]
-    assert set(prediction["systems"]) == {"predict fp32", "predict int8"}
+    assert set(prediction["systems"]) == {"predict fp32", "predict int8", "predict int8 weights only"}
     for row in prediction["systems"].values():
         assert row["reviews"] == 111 and row["reviews_per_second"] > 0 and row["peak_rss_mib"] > 0
     ratios = prediction["int8_vs_fp32"]
     assert ratios["speedup"] > 0 and 0.0 <= ratios["agreement"] <= 1.0 and ratios["backend"] == "openvino"
+    assert ratios == prediction["vs_fp32"]["predict int8"]
+    weights = prediction["vs_fp32"]["predict int8 weights only"]
+    assert weights["speedup"] > 0 and 0.0 <= weights["agreement"] <= 1.0 and weights["backend"] == "openvino"
     text = capsys.readouterr().out
     # Ratios come first, then the table.
     assert text.index("ReviewTrainer real tokens/s vs stock Trainer") < text.index("| system |")
     assert "int8 prediction (openvino) vs fp32:" in text and "| predict int8 |" in text
+    assert "int8 weights only prediction (openvino) vs fp32:" in text
     # (A library writes a one-line session file there; the bench's own scratch space is folders.)
     assert [path for path in scratch.iterdir() if path.is_dir()] == []
 

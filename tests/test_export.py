@@ -119,6 +119,27 @@ def test_openvino_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
     assert [row["label"] for row in rows[:4]] == [f"LABEL_{index}" for index in int8[:4].argmax(1)]
 
 
+def test_openvino_weights_only_export_needs_no_reviews(tiny_model_dir, tmp_path):
+    import openvino as ov
+
+    from finetune.evaluation.inference import load_inference_model, predict_probabilities
+
+    exported = tmp_path / "tiny-weights"
+    # The tiny model folder has no run on record: weight-only int8 needs no calibration reviews.
+    assert main(["export", str(tiny_model_dir), "--int8", "--weights_only", "--output", str(exported)]) == 0
+    record = json.loads((exported / "export.json").read_text())
+    assert record["runtime_settings"] == {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 32} and "calibration_reviews" not in record
+    model = ov.Core().read_model(str(exported / "openvino_model.xml"))
+    matmuls = [op for op in model.get_ordered_ops() if op.get_type_name() == "MatMul"]
+    weights = [_weight_source(op.input_value(1).get_node()) for op in matmuls]
+    int8 = [node for node in weights if str(node.get_element_type()) == "<Type: 'int8_t'>"]
+    assert len(int8) == 2 * 6 + 2
+    assert not [op for op in model.get_ordered_ops() if op.get_type_name() == "FakeQuantize"]
+    fp32 = predict_probabilities(*load_inference_model(tiny_model_dir), TEXTS, batch_size=8)
+    int8_probabilities = predict_probabilities(*load_inference_model(exported), TEXTS, batch_size=8)
+    assert np.abs(int8_probabilities - fp32).max() < 0.02
+
+
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory, tiny_model_dir):
     """A tiny run trained for one epoch, with its ``finetune_run.json``: its train split calibrates."""
@@ -170,6 +191,8 @@ def test_calibration_samples_are_the_windows_predict_scores(tokenizer):
         (["--calibration", "missing.csv"], "input file not found: missing.csv"),
         (["--backend", "onnxruntime", "--calibration", "x.csv"], "--calibration is for --backend openvino"),
         (["--calibration_reviews", "0"], "--calibration_reviews"),
+        (["--weights_only", "--calibration", "x.csv"], "--weights_only needs no calibration reviews"),
+        (["--weights_only", "--backend", "onnxruntime"], "--weights_only is for --backend openvino"),
         (["--backend", "tensorrt"], "--backend"),
     ],
 )

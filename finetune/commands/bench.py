@@ -33,6 +33,7 @@ from .bench_systems import (
     INFERENCE,
     PREDICT_FP32,
     PREDICT_INT8,
+    PREDICT_INT8_WEIGHTS,
     REVIEW_TRAINER,
     STOCK_TRAINER,
     SystemSpec,
@@ -142,7 +143,8 @@ def bench(
             report["inference"] = _inference_row(inference_results[0])
         by_system = {result["system"]: result for result in results}
         if PREDICT_FP32 in by_system:
-            report["prediction"] = _prediction_rows(by_system[PREDICT_FP32], by_system.get(PREDICT_INT8))
+            exports = [by_system[name] for name in (PREDICT_INT8, PREDICT_INT8_WEIGHTS) if name in by_system]
+            report["prediction"] = _prediction_rows(by_system[PREDICT_FP32], exports)
         text = format_speed_report(report)
     print(text)
     if output:
@@ -223,8 +225,8 @@ def _prediction_specs(
 ) -> list[SystemSpec]:
     """``finetune predict`` from the recipe's model saved as is (fp32) and exported to int8 as ``finetune export`` does.
 
-    The int8 copy is OpenVINO static int8 calibrated on the train split's reviews, or
-    ONNX Runtime's dynamic int8 where OpenVINO is not installed. With
+    The int8 copies are OpenVINO's static int8 calibrated on the train split's reviews and
+    its weight-only int8, or ONNX Runtime's dynamic int8 where OpenVINO is not installed. With
     ``--model_name_or_path`` a fine-tuned run, the accuracies are real; a base model gets
     a seeded random head, so only the speeds and the agreement mean something.
     """
@@ -234,7 +236,11 @@ def _prediction_specs(
 
     from ..data.encoding import ReviewEncoding
     from ..evaluation.export import export_int8
-    from ..evaluation.openvino_export import export_openvino_int8, sample_calibration_texts
+    from ..evaluation.openvino_export import (
+        export_openvino_int8,
+        export_openvino_weights_int8,
+        sample_calibration_texts,
+    )
     from ..training.modeling import load_classifier
     from .export import CALIBRATION_REVIEWS
 
@@ -250,11 +256,17 @@ def _prediction_specs(
         encoding = ReviewEncoding.from_fields(dataclasses.asdict(run.data))
         calibration = sample_calibration_texts(train_texts, CALIBRATION_REVIEWS)
         export_openvino_int8(model, tokenizer, int8_dir, source, calibration, encoding, "the recipe's train split")
+        weights_dir = workdir / "predict-int8-weights"
+        export_openvino_weights_int8(model, tokenizer, weights_dir, source)
     elif backend == "onnxruntime":
         export_int8(model, tokenizer, int8_dir, source=source)
     else:
         return specs
     specs.append(SystemSpec(PREDICT_INT8, recipe, overrides, held_out, label_names, 1, model_dir=str(int8_dir)))
+    if backend == "openvino":
+        specs.append(
+            SystemSpec(PREDICT_INT8_WEIGHTS, recipe, overrides, held_out, label_names, 1, model_dir=str(weights_dir))
+        )
     return specs
 
 
@@ -279,7 +291,7 @@ def _int8_backend() -> str | None:
 def _run_children(specs: list[SystemSpec]) -> list[dict[str, Any]]:
     """Run each spec in a fresh process, one after another, with one progress bar over all updates."""
     context = multiprocessing.get_context("spawn")
-    steps = {INFERENCE: 2, PREDICT_FP32: 1, PREDICT_INT8: 1}
+    steps = {INFERENCE: 2, PREDICT_FP32: 1, PREDICT_INT8: 1, PREDICT_INT8_WEIGHTS: 1}
     total = sum(steps.get(spec.system, spec.updates) for spec in specs)
     results = []
     with tqdm(total=total, desc="bench", unit="update", dynamic_ncols=True) as bar:
@@ -351,15 +363,17 @@ def _inference_row(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _prediction_rows(fp32: dict[str, Any], int8: dict[str, Any] | None) -> dict[str, Any]:
-    """Reviews/s, accuracy and peak memory of fp32 and int8 prediction, and int8 as ratios of fp32."""
+def _prediction_rows(fp32: dict[str, Any], exports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Reviews/s, accuracy and peak memory of fp32 and each int8 export's prediction, and each as ratios of fp32.
+
+    ``int8_vs_fp32`` is the default export's (``finetune export --int8``);
+    ``vs_fp32`` holds every export's, by system name.
+    """
     import numpy as np
 
     labels = np.asarray(fp32["labels"])
     rows = {}
-    for result in (fp32, int8):
-        if result is None:
-            continue
+    for result in (fp32, *exports):
         rows[result["system"]] = {
             "reviews": result["samples"],
             "seconds": result["seconds"],
@@ -368,15 +382,21 @@ def _prediction_rows(fp32: dict[str, Any], int8: dict[str, Any] | None) -> dict[
             "peak_rss_mib": result["peak_rss_bytes"] / MIB,
         }
     report: dict[str, Any] = {"systems": rows}
-    if int8 is not None:
-        fast, base = rows[PREDICT_INT8], rows[PREDICT_FP32]
-        report["int8_vs_fp32"] = {
-            "backend": int8.get("backend"),
+    base = rows[PREDICT_FP32]
+    ratios = {}
+    for result in exports:
+        fast = rows[result["system"]]
+        ratios[result["system"]] = {
+            "backend": result.get("backend"),
             "speedup": fast["reviews_per_second"] / base["reviews_per_second"],
             "accuracy_points": 100 * (fast["accuracy"] - base["accuracy"]),
-            "agreement": float(np.mean(np.asarray(int8["predictions"]) == np.asarray(fp32["predictions"]))),
+            "agreement": float(np.mean(np.asarray(result["predictions"]) == np.asarray(fp32["predictions"]))),
             "peak_rss_ratio": fast["peak_rss_mib"] / base["peak_rss_mib"],
         }
+    if ratios:
+        report["vs_fp32"] = ratios
+    if PREDICT_INT8 in ratios:
+        report["int8_vs_fp32"] = ratios[PREDICT_INT8]
     return report
 
 
@@ -428,12 +448,11 @@ def format_speed_report(report: dict[str, Any]) -> str:
 
 def _format_prediction(prediction: dict[str, Any]) -> list[str]:
     lines = []
-    ratios = prediction.get("int8_vs_fp32")
-    if ratios:
+    for name, ratios in prediction.get("vs_fp32", {}).items():
         lines.append(
-            f"int8 prediction ({ratios['backend']}) vs fp32: {ratios['speedup']:.2f}x reviews/s, "
-            f"accuracy {ratios['accuracy_points']:+.1f} "
-            f"points, {ratios['agreement']:.1%} of labels agree, peak RSS {ratios['peak_rss_ratio']:.2f}x"
+            f"{name.removeprefix('predict ')} prediction ({ratios['backend']}) vs fp32: {ratios['speedup']:.2f}x "
+            f"reviews/s, accuracy {ratios['accuracy_points']:+.1f} points, {ratios['agreement']:.1%} of labels "
+            f"agree, peak RSS {ratios['peak_rss_ratio']:.2f}x"
         )
     lines += [
         "| prediction | reviews | seconds | reviews/s | accuracy | peak RSS MiB |",

@@ -25,6 +25,7 @@ CLASSIC_LOOP = "classic loop"
 INFERENCE = "inference"
 PREDICT_FP32 = "predict fp32"
 PREDICT_INT8 = "predict int8"
+PREDICT_INT8_WEIGHTS = "predict int8 weights only"
 
 
 @dataclass
@@ -51,7 +52,12 @@ def run_in_child(spec: SystemSpec, queue: Any) -> None:
 
         warnings.filterwarnings("ignore")
         _quiet()
-        runners = {INFERENCE: _inference, PREDICT_FP32: _predict_folder, PREDICT_INT8: _predict_folder}
+        runners = {
+            INFERENCE: _inference,
+            PREDICT_FP32: _predict_folder,
+            PREDICT_INT8: _predict_folder,
+            PREDICT_INT8_WEIGHTS: _predict_folder,
+        }
         runner = runners.get(spec.system, _train_system)
         queue.put(("result", runner(spec, queue)))
     except BaseException as error:  # the parent turns it into one line

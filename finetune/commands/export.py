@@ -1,8 +1,10 @@
 """``finetune export RUN --int8``: an int8 copy of a model folder that predict and evaluate accept.
 
 Two backends. ``openvino`` (the default) is static int8, calibrated on reviews
-the model will see: the run's own training reviews, or ``--calibration FILE``.
-``onnxruntime`` is dynamic int8, slower, but needs no reviews.
+the model will see: the run's own training reviews, or ``--calibration FILE``;
+with ``--weights_only``, int8 weights and activations quantized at run time in
+small groups, closer to fp32 and slower. ``onnxruntime`` is dynamic int8,
+slower still here, and needs no reviews.
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ def export(
     backend: Backend = "openvino",
     calibration: str | None = None,
     calibration_reviews: int = CALIBRATION_REVIEWS,
+    weights_only: bool = False,
     quantize: Callable[[Path, Path], None] | None = None,
 ) -> Path:
     """Write an int8 copy of ``model_path`` (a run or checkpoint folder) to ``output`` (default ``<model>-int8``).
 
     ``calibration`` is a review file (CSV, TSV or JSONL) whose first
     ``calibration_reviews`` reviews calibrate OpenVINO's static int8; without
-    it they are drawn (seeded) from the run's train split. ``quantize(fp32_onnx,
+    it they are drawn (seeded) from the run's train split. ``weights_only``
+    stores only the weights in int8 and quantizes activations at run time in
+    small groups (OpenVINO; closer to fp32, slower, no calibration). ``quantize(fp32_onnx,
     int8_onnx)`` replaces the onnxruntime backend's quantization (for comparing others).
     """
     from ..evaluation.export import copy_run_record, require_onnx_runtime
@@ -50,8 +55,11 @@ def export(
         raise FinetuneError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}; pass --backend openvino")
     if isinstance(calibration_reviews, bool) or not isinstance(calibration_reviews, int) or calibration_reviews < 1:
         raise FinetuneError(f"--calibration_reviews must be a whole number >= 1 (got {calibration_reviews!r})")
-    if backend == "onnxruntime" and calibration is not None:
-        raise FinetuneError("--calibration is for --backend openvino; dynamic int8 (onnxruntime) needs no reviews")
+    if backend == "onnxruntime" and (calibration is not None or weights_only):
+        flag = "--calibration" if calibration is not None else "--weights_only"
+        raise FinetuneError(f"{flag} is for --backend openvino; leave it out with --backend onnxruntime")
+    if weights_only and calibration is not None:
+        raise FinetuneError("--weights_only needs no calibration reviews; leave out --calibration")
     require_openvino() if backend == "openvino" else require_onnx_runtime()
     model_dir = Path(model_path)
     require_model_folder(model_dir)
@@ -60,12 +68,11 @@ def export(
         raise FinetuneError(f"{output_dir} already exists; remove it or pass --output DIR")
     if not output_dir.parent.is_dir():
         raise FinetuneError(f"--output {output_dir}: folder {output_dir.parent} does not exist; create it first")
-    texts, texts_source = (
-        ([], "") if backend == "onnxruntime" else _calibration_texts(model_dir, calibration, calibration_reviews)
-    )
+    static = backend == "openvino" and not weights_only
+    texts, texts_source = _calibration_texts(model_dir, calibration, calibration_reviews) if static else ([], "")
     model, tokenizer = load_inference_model(model_dir)
     try:
-        if backend == "openvino":
+        if static:
             from ..data.encoding import ReviewEncoding
             from ..evaluation.openvino_export import export_openvino_int8
             from ..training.runs import find_run_config
@@ -74,6 +81,10 @@ def export(
             model_file = export_openvino_int8(
                 model, tokenizer, output_dir, str(model_dir), texts, encoding, calibration_source=texts_source
             )
+        elif weights_only:
+            from ..evaluation.openvino_export import export_openvino_weights_int8
+
+            model_file = export_openvino_weights_int8(model, tokenizer, output_dir, str(model_dir))
         else:
             from ..evaluation.export import export_int8
 
@@ -84,8 +95,9 @@ def export(
         shutil.rmtree(output_dir, ignore_errors=True)
         raise
     size_mib = sum(path.stat().st_size for path in output_dir.iterdir() if path.is_file()) / 2**20
+    kind = f"{backend}, weights only" if weights_only else backend
     print(
-        f"wrote {model_file} ({backend}, folder {size_mib:.0f} MiB); use it with: finetune predict {output_dir}",
+        f"wrote {model_file} ({kind}, folder {size_mib:.0f} MiB); use it with: finetune predict {output_dir}",
         file=sys.stderr,
     )
     return output_dir
