@@ -4,7 +4,8 @@
     python scripts/openvino_int8_probe.py runs/quickstart data/reviews/test.csv data/reviews/train.csv \
         --title_column title
 
-Not part of ``finetune export`` yet: this probe decides whether it should be. It converts the
+This probe decided that ``finetune export --int8`` should use OpenVINO (it now does:
+``finetune/evaluation/openvino_export.py``, measured by ``finetune bench``). It converts the
 saved model with OpenVINO (``ov.convert_model`` on the PyTorch module) and times, in one
 process, batches of 32 length-sorted test reviews (one warm-up pass, then one timed pass,
 two rounds) through:
