@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import tiny_recipe
 
@@ -81,6 +82,35 @@ def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):
     assert [run["samples"] for run in runs] == [64, 64, 64, 64]  # the same samples in each
     assert [run["updates"] for run in runs] == [16, 4, 1, 4]
     assert all(run["peak_rss_mib"] > 0 for run in runs)
+
+
+def test_balanced_class_weights_come_from_the_whole_train_split(tmp_path, tiny_model_dir):
+    # One update of one review holds one class of three: weights computed from the bench's own
+    # reviews would be refused ("needs training reviews of every class"), as a shipped recipe's were.
+    output = tmp_path / "bench.json"
+    recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
+    flags = ["--updates", "1", "--no_inference", "--output", str(output)]
+    fields = [
+        "--class_weighting",
+        "balanced",
+        "--per_device_train_batch_size",
+        "1",
+        "--gradient_accumulation_steps",
+        "1",
+    ]
+    assert main(["bench", recipe, *flags, *fields]) == 0
+    report = json.loads(output.read_text())
+    assert [row["samples"] for row in report["systems"]] == [1, 1, 1]
+    # n / (classes x count) over the recipe's whole train split, counted here from its labels.
+    from sklearn.utils.class_weight import compute_class_weight
+
+    from finetune.config.recipes import load_recipe
+    from finetune.data.splits import load_review_data
+
+    run = load_recipe(recipe, fields)
+    labels = load_review_data(run.data, seed=run.training.seed).splits["train"]["labels"]
+    expected = compute_class_weight("balanced", classes=np.arange(3), y=np.asarray(labels))
+    assert np.allclose(report["class_weights"], expected)
 
 
 def test_too_many_updates_is_a_one_line_error(tmp_path, tiny_model_dir, capsys):

@@ -112,6 +112,15 @@ def bench(
                     specs += _prediction_specs(
                         run, recipe, overrides, tokenizer, data.label_names, str(path), workdir, train_texts
                     )
+        class_weights = None
+        if getattr(args, "class_weighting", "none") == "balanced":
+            from ..data.class_weights import balanced_class_weights
+
+            class_weights = [
+                float(w) for w in balanced_class_weights(encoded["train"]["labels"], len(data.label_names))
+            ]
+            for spec in specs:
+                spec.class_weights = class_weights
         results = _run_children(specs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -120,6 +129,7 @@ def bench(
         "recipe": recipe,
         "overrides": overrides,
         "mode": "memory" if memory else "speed",
+        "class_weights": class_weights,
         "updates": updates,
         "micro_batch": micro_batch,
         "gradient_accumulation_steps": n_accumulate,

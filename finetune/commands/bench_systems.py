@@ -40,6 +40,9 @@ class SystemSpec:
     updates: int
     extra_overrides: list[str] = field(default_factory=list)
     model_dir: str | None = None  # the saved model a prediction system loads
+    # ReviewTrainer's class weights, from the recipe's whole train split: the bench's few
+    # reviews may lack a class, and then no "balanced" weights could be computed from them.
+    class_weights: list[float] | None = None
 
 
 def run_in_child(spec: SystemSpec, queue: Any) -> None:
@@ -181,13 +184,14 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
 
         from ..training.trainer import ReviewTrainer
 
-        trainer_class = ReviewTrainer if spec.system == REVIEW_TRAINER else Trainer
-        trainer = trainer_class(
+        review_trainer = spec.system == REVIEW_TRAINER
+        trainer = (ReviewTrainer if review_trainer else Trainer)(
             model=model,
             args=args,
             train_dataset=samples,
             data_collator=collator,
             callbacks=[_progress_callback(queue)],
+            **({"class_weights": spec.class_weights} if review_trainer and spec.class_weights else {}),
         )
         result = trainer.train()
         final_loss = result.training_loss
