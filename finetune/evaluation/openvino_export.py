@@ -1,13 +1,16 @@
-"""Static int8 for fast CPU prediction: OpenVINO runs the model, NNCF calibrates it on the run's own reviews.
+"""Int8 for fast CPU prediction: OpenVINO runs the model, NNCF quantizes it.
 
 ONNX Runtime's dynamic int8 (:mod:`.export`) measures each batch's activations
 at run time and ran only 1.1-1.3x as fast as fp32 PyTorch on 2 cores here.
-Static int8 measures the activations' ranges once, on a few hundred
-calibration reviews, so every matrix product runs in integers with no
+Static int8 (the default) measures the activations' ranges once, on a few
+hundred calibration reviews, so the matrix products run in integers with no
 per-batch work; NNCF's transformer mode also applies SmoothQuant (moving
 activation outliers into the weights), without which 5% of drugscom's test
-labels changed. Measured on 2 cores: 2.6-2.9x fp32 PyTorch's reviews/s, with
-98-99% of labels unchanged (README, "Fast prediction").
+labels changed. Weight-only int8 quantizes activations at run time in small
+groups instead: no calibration, closer to fp32, slower. In ``finetune bench``
+on 2 idle cores, static int8 ran 1.97x (quickstart) and 2.41x (drugscom) fp32
+PyTorch's reviews/s with 99.1% and 97.4% of labels unchanged; weight-only 1.53x
+and 1.70x with 99.1% and 99.5% (README, "Fast prediction").
 
 The folder it writes holds ``openvino_model.xml`` / ``.bin``, the model's
 ``config.json`` (labels), its tokenizer, ``export.json`` (how it was made) and
