@@ -8,7 +8,7 @@
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
-| ``export MODEL --int8 [--output DIR] [--backend B] [--calibration FILE] [--weights_only]`` | :func:`finetune.commands.export.export` |
+| ``export MODEL --int8 [--output DIR] [--backend B] [--weights_only]`` | :func:`finetune.commands.export.export` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |

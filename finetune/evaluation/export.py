@@ -1,8 +1,8 @@
 """An int8 copy of a model for CPU prediction: ONNX export, then ONNX Runtime's dynamic quantization.
 
 The default backend of ``finetune export --int8`` is OpenVINO's static int8
-(:mod:`.openvino_export`), 1.5-1.9x as fast as this one here; this one,
-``--backend onnxruntime``, needs neither OpenVINO nor calibration reviews.
+(:mod:`.openvino_export`), the faster one here (README, "Fast prediction");
+this one, ``--backend onnxruntime``, needs neither OpenVINO nor calibration reviews.
 
 torch 2.13 still ships ``torch.ao.quantization.quantize_dynamic``, but its
 quantized tensors are deprecated and to be removed; torchao's int8 dynamic
