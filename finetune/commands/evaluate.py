@@ -291,8 +291,8 @@ def load_labelled_texts(model_dir: Path, data: str | None, split: str, label_nam
     ``--data`` file too), so the baseline can be fit on what the model saw.
     """
     from ..config.arguments import DataArguments
-    from ..data.splits import load_labelled_file, load_review_data
-    from ..training.runs import find_run_config
+    from ..data.splits import load_labelled_file
+    from ..training.runs import find_run_config, load_run_data
 
     run_config = find_run_config(model_dir)
     if run_config is None and data is None:
@@ -308,10 +308,10 @@ def load_labelled_texts(model_dir: Path, data: str | None, split: str, label_nam
         scoring = ScoringData(list(scored["text"]), list(scored["labels"]), encoding)
         if run_config is not None:
             with contextlib.suppress(FinetuneError, OSError):
-                train = load_review_data(data_args, seed=run_config.get("seed", 42)).splits["train"]
+                train = load_run_data(run_config, data_args).splits["train"]
                 scoring.train_texts, scoring.train_labels = list(train["text"]), list(train["labels"])
         return scoring
-    splits = load_review_data(data_args, seed=run_config.get("seed", 42)).splits
+    splits = load_run_data(run_config, data_args).splits
     if split not in splits:
         choices = [f"--split {name}" for name in splits if name != "train"] + ["--data FILE"]
         raise MissingSplit(

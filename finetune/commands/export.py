@@ -13,7 +13,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import FinetuneError
 
@@ -46,7 +46,7 @@ def export(
     from ..evaluation.export import copy_run_record, require_onnx_runtime
     from ..evaluation.inference import load_inference_model
     from ..evaluation.openvino_export import require_openvino
-    from ..training.runs import require_model_folder
+    from ..training.runs import find_run_config, require_model_folder
 
     # Every check before the model loads or a folder is made: a mistake costs a second.
     if not int8:
@@ -69,15 +69,17 @@ def export(
     if not output_dir.parent.is_dir():
         raise FinetuneError(f"--output {output_dir}: folder {output_dir.parent} does not exist; create it first")
     static = backend == "openvino" and not weights_only
-    texts, texts_source = _calibration_texts(model_dir, calibration, calibration_reviews) if static else ([], "")
+    run_config = find_run_config(model_dir)
+    texts, texts_source = (
+        _calibration_texts(model_dir, run_config, calibration, calibration_reviews) if static else ([], "")
+    )
     model, tokenizer = load_inference_model(model_dir)
     try:
         if static:
             from ..data.encoding import ReviewEncoding
             from ..evaluation.openvino_export import export_openvino_int8
-            from ..training.runs import find_run_config
 
-            encoding = ReviewEncoding.from_fields((find_run_config(model_dir) or {}).get("data", {}))
+            encoding = ReviewEncoding.from_fields((run_config or {}).get("data", {}))
             model_file = export_openvino_int8(
                 model, tokenizer, output_dir, str(model_dir), texts, encoding, calibration_source=texts_source
             )
@@ -103,29 +105,21 @@ def export(
     return output_dir
 
 
-def _calibration_texts(model_dir: Path, calibration: str | None, count: int) -> tuple[list[str], str]:
+def _calibration_texts(
+    model_dir: Path, run_config: dict[str, Any] | None, calibration: str | None, count: int
+) -> tuple[list[str], str]:
     """Up to ``count`` reviews to calibrate on, as the model reads them, and where they came from."""
     if calibration is not None:
         from .predict import read_model_inputs
 
         return read_model_inputs(model_dir, calibration, limit=count), f"the first reviews of {calibration}"
-    from ..evaluation.openvino_export import sample_calibration_texts
-
-    return sample_calibration_texts(_run_train_texts(model_dir), count), "the run's train split"
-
-
-def _run_train_texts(model_dir: Path) -> list[str]:
-    """The run's training reviews, read as its recipe says (title joined, cleaned)."""
-    from ..config.arguments import DataArguments
-    from ..data.splits import load_review_data
-    from ..training.runs import find_run_config
-
-    run_config = find_run_config(model_dir)
     if run_config is None:
         raise FinetuneError(
             f"{model_dir} has no run on record (finetune_run.json) to draw calibration reviews from; "
             "pass --calibration FILE (reviews like the ones it will score) or --backend onnxruntime"
         )
-    fields = dict(run_config["data"])
-    data_args = DataArguments(**fields)
-    return list(load_review_data(data_args, seed=run_config.get("seed", 42)).splits["train"]["text"])
+    from ..evaluation.openvino_export import sample_calibration_texts
+    from ..training.runs import load_run_data
+
+    train_texts = list(load_run_data(run_config).splits["train"]["text"])
+    return sample_calibration_texts(train_texts, count), "the run's train split"

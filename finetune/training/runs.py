@@ -202,6 +202,18 @@ def find_run_config(model_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+def load_run_data(run_config: dict[str, Any], data_args: Any = None) -> Any:
+    """The run's reviews read back as it read them: its recipe's data fields and split seed.
+
+    ``data_args`` (a ``DataArguments``) replaces the recorded fields, e.g. with the model's class names.
+    """
+    from ..config.arguments import DataArguments
+    from ..data.splits import load_review_data
+
+    data_args = data_args or DataArguments(**run_config["data"])
+    return load_review_data(data_args, seed=run_config.get("seed", 42))
+
+
 def require_model_folder(path: Path) -> None:
     """Raise unless ``path`` holds a loadable model (config and weights)."""
     if not (path / "config.json").is_file():
