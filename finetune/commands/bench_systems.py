@@ -333,12 +333,8 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
 
 def _export_backend(model_dir: pathlib.Path) -> str:
     """``openvino`` or ``onnxruntime`` for an int8 export (from its ``export.json``), ``pytorch`` otherwise."""
-    import json
+    from ..evaluation.export import read_export_record
 
-    from ..evaluation.export import EXPORT_RECORD
-
-    record = model_dir / EXPORT_RECORD
-    if not record.is_file():
-        return "pytorch"
+    record = read_export_record(model_dir)
     # Exports from before OpenVINO was a backend were all ONNX Runtime's and say no backend.
-    return json.loads(record.read_text(encoding="utf-8")).get("backend", "onnxruntime")
+    return record.get("backend", "onnxruntime") if record else "pytorch"

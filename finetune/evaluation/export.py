@@ -51,6 +51,12 @@ def require_onnx_runtime() -> None:
         raise FinetuneError(f"{_INSTALL_HINT} (missing: {', '.join(missing)})")
 
 
+def read_export_record(folder: Path) -> dict[str, Any]:
+    """The ``export.json`` of an int8 export (how it was made), or {} for a folder without one."""
+    path = folder / EXPORT_RECORD
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def is_onnx_folder(folder: Path) -> bool:
     """True when ``folder`` holds a model written by :func:`export_int8`."""
     return (folder / ONNX_FILE).is_file() and (folder / "config.json").is_file()

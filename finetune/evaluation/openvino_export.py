@@ -34,7 +34,7 @@ import numpy as np
 
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
 from ..errors import FinetuneError
-from .export import EXPORT_RECORD, quiet_loggers
+from .export import EXPORT_RECORD, quiet_loggers, read_export_record
 
 OPENVINO_FILE = "openvino_model.xml"
 CALIBRATION_SEED = 0
@@ -203,9 +203,7 @@ class OpenVinoClassifier:
         # and move labels further from the fp32 model's.
         settings = {"INFERENCE_NUM_THREADS": threads or torch.get_num_threads(), "INFERENCE_PRECISION_HINT": "f32"}
         # A weight-only export's run-time quantization is a setting of the compiled model, kept in export.json.
-        record_path = folder / EXPORT_RECORD
-        if record_path.is_file():
-            settings.update(json.loads(record_path.read_text(encoding="utf-8")).get("runtime_settings", {}))
+        settings.update(read_export_record(folder).get("runtime_settings", {}))
         self.compiled = ov.Core().compile_model(str(folder / OPENVINO_FILE), "CPU", settings)
         self.request = self.compiled.create_infer_request()
         self.input_names = [port.get_any_name() for port in self.compiled.inputs]
