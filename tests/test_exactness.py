@@ -185,13 +185,18 @@ def imbalanced_dataset(tokenizer, samples: int):
     return dataset.remove_columns("labels").add_column("labels", labels)
 
 
-@pytest.mark.parametrize(("samples", "micro_batch", "n"), [(12, 3, 2), (10, 3, 2), (10, 4, 4)])
+@pytest.mark.parametrize(
+    ("samples", "micro_batch", "n", "class_weighting"),
+    [(12, 3, 2, "balanced"), (10, 3, 2, "balanced"), (10, 4, 4, "balanced"), (10, 3, 2, "sqrt")],
+)
 def test_class_weighted_update_equals_weighted_full_batch_step(
-    initial_model, tokenizer, tmp_path, samples, micro_batch, n
+    initial_model, tokenizer, tmp_path, samples, micro_batch, n, class_weighting
 ):
-    """Contract with class_weighting: balanced: each window equals one weighted full-batch step."""
+    """Contract with class_weighting balanced or sqrt: each window equals one weighted full-batch step."""
     dataset = imbalanced_dataset(tokenizer, samples)
     weights = by_hand_balanced_weights(dataset["labels"], 3)
+    if class_weighting == "sqrt":
+        weights = weights.sqrt()
     collator = DataCollatorWithPadding(tokenizer)
     reference = reference_full_batch_steps(initial_model, dataset, collator, micro_batch * n, class_weights=weights)
     unweighted = reference_full_batch_steps(initial_model, dataset, collator, micro_batch * n)
@@ -199,7 +204,7 @@ def test_class_weighted_update_equals_weighted_full_batch_step(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trained = trained_parameters(
-            ReviewTrainer, initial_model, dataset, collator, tmp_path, micro_batch, n, class_weighting="balanced"
+            ReviewTrainer, initial_model, dataset, collator, tmp_path, micro_batch, n, class_weighting=class_weighting
         )
     assert_matches_reference(trained, reference, flat_parameters(initial_model))
 

@@ -112,15 +112,14 @@ def bench(
                     specs += _prediction_specs(
                         run, recipe, overrides, tokenizer, data.label_names, str(path), workdir, train_texts
                     )
-        class_weights = None
-        if getattr(args, "class_weighting", "none") == "balanced":
-            from ..data.class_weights import balanced_class_weights
+        from ..data.class_weights import class_weights_for
 
-            class_weights = [
-                float(w) for w in balanced_class_weights(encoded["train"]["labels"], len(data.label_names))
-            ]
+        class_weights = class_weights_for(
+            getattr(args, "class_weighting", "none"), encoded["train"]["labels"], len(data.label_names)
+        )
+        if class_weights is not None:
             for spec in specs:
-                spec.class_weights = class_weights
+                spec.class_weights = [float(w) for w in class_weights]
         results = _run_children(specs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -328,10 +328,12 @@ def _limits(run: dict[str, Any], test: dict[str, Any] | None, entry: CatalogEntr
         ratio = train_counts[largest] / train_counts[smallest]
         shares = ", ".join(f"{name} {count / sum(train_counts.values()):.0%}" for name, count in train_counts.items())
         if ratio >= _IMBALANCE_RATIO:
+            # recipe_values holds the recipe with its flags applied; a run from the Python API may lack it.
+            strategy = (run.get("recipe_values") or {}).get("class_weighting", "balanced")
             weighting = (
-                "training used class weighting `balanced`"
+                f"training used class weighting `{strategy}`"
                 if run.get("class_weights")
-                else "training did not weight classes (`class_weighting: balanced` would)"
+                else "training did not weight classes (`class_weighting: balanced` or `sqrt` would)"
             )
             lines.append(
                 f"- Imbalanced classes: training data is {shares}; {largest} has {ratio:.1f}x as many "

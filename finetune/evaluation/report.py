@@ -169,7 +169,7 @@ def write_run_report(
         evaluation_rows,
         heading,
         _loss_interval(args, state, update_rows),
-        weighted=getattr(args, "class_weighting", "none") == "balanced",
+        weighted=getattr(args, "class_weighting", "none") != "none",
         epochs_per_update=epochs_per_update,
     )
     plot_learning_rate(folder / "lr.png", update_rows, heading, warmup_updates, epochs_per_update)

@@ -39,7 +39,7 @@ from transformers.trainer_utils import SaveStrategy, TrainOutput, has_length, sp
 from transformers.utils import logging
 
 from ..config.arguments import validate_accumulation_steps
-from ..data.class_weights import balanced_class_weights
+from ..data.class_weights import class_weights_for
 from ..errors import FinetuneError
 from .accumulation import (
     epochs_to_run,
@@ -69,8 +69,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
     window; the optimizer and the LR scheduler step once per window, and
     ``state.global_step`` counts windows (updates).
 
-    ``class_weights`` (one per class), or ``class_weighting: balanced`` in the
-    arguments, turns the loss into a class-weighted cross-entropy: each
+    ``class_weights`` (one per class), or ``class_weighting: balanced`` (or
+    ``sqrt``) in the arguments, turns the loss into a class-weighted cross-entropy: each
     review's loss counts with its class's weight, and the window's loss is the
     weighted mean over all its reviews, as for one full batch.
 
@@ -108,8 +108,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self.nonfinite_in_a_row = 0
         # The share of its window's loss that the next training_step backpropagates (set per micro-batch).
         self.micro_batch_weight = 1.0
-        if class_weights is None and getattr(self.args, "class_weighting", "none") == "balanced":
-            class_weights = balanced_class_weights(self.train_dataset["labels"], self.model.config.num_labels)
+        if class_weights is None:
+            strategy = getattr(self.args, "class_weighting", "none")
+            class_weights = class_weights_for(strategy, self.train_dataset["labels"], self.model.config.num_labels)
         self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
 
     # ------------------------------------------------------------------- data
