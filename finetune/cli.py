@@ -4,6 +4,7 @@
 | --- | --- |
 | ``train RECIPE [--field value ...]`` | :func:`finetune.commands.train.train` |
 | ``train RECIPE --seeds N [--field value ...]`` | :func:`finetune.commands.seeds.train_seeds` |
+| ``train RECIPE --folds K [--field value ...]`` | :func:`finetune.commands.folds.train_folds` |
 | ``evaluate PATH [PATH ...] [--data FILE] [--calibrate]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
@@ -34,15 +35,24 @@ def _train(options: argparse.Namespace, extra: list[str]) -> None:
     if options.recipe in ("-h", "--help") or "-h" in extra or "--help" in extra:
         from .config.recipes import build_parser
 
-        print("usage: finetune train RECIPE [--seeds N] [--field value ...]\n")
+        print("usage: finetune train RECIPE [--seeds N | --folds K] [--field value ...]\n")
         print("  --seeds N  train once per seed (seed, seed+1, ...) into OUTPUT_DIR/seed-<seed>;")
-        print("             report the mean and standard deviation of the test scores\n")
+        print("             report the mean and standard deviation of the test scores")
+        print("  --folds K  cross-validate on the train split: K runs into OUTPUT_DIR/fold-<k>, each scored on")
+        print("             the fold it did not train on; the test split is not used\n")
         build_parser().print_help()
         return
+    if options.seeds is not None and options.folds is not None:
+        raise FinetuneError("--seeds and --folds cannot be combined; cross-validate with --folds, then --seeds")
     if options.seeds is not None:
         from .commands.seeds import train_seeds
 
         train_seeds(options.recipe, extra, options.seeds)
+        return
+    if options.folds is not None:
+        from .commands.folds import train_folds
+
+        train_folds(options.recipe, extra, options.folds)
         return
     from .commands.train import train
 
@@ -189,6 +199,9 @@ def build_cli() -> argparse.ArgumentParser:
     )
     train.add_argument("recipe", nargs="?", help="a recipe YAML file, e.g. recipes/quickstart.yaml")
     train.add_argument("--seeds", type=positive_int, help="train once per seed and report mean and standard deviation")
+    train.add_argument(
+        "--folds", type=positive_int, help="cross-validate on the train split in K folds (the test split is not used)"
+    )
     train.set_defaults(handler=_train)
 
     evaluate = commands.add_parser("evaluate", help="score a model folder or every checkpoint of a run")

@@ -5,7 +5,8 @@ ones that once failed). The cases, by family:
 
 - recipe and flags: a missing recipe, broken YAML, an unknown key, n = 0, a key given twice, a list
   where one value goes, a negative or NaN learning rate, batch sizes of 0, zero epochs, adam_epsilon 0,
-  both spellings of n among the flags, an empty output_dir, a UTF-16, Latin-1 or binary recipe;
+  both spellings of n among the flags, an empty output_dir, a UTF-16, Latin-1 or binary recipe,
+  --folds 1, --folds with --seeds, a cross-validation fold without its folds or out of range;
 - data: a missing file or column, no rows, 0 bytes, Latin-1, UTF-16 or random bytes, a column named
   twice, two train files in dataset_dir, true/false labels (with and without label_bins), a class
   with no training review, every row dropped, a bad row under strict, two sources, an unknown
@@ -305,6 +306,23 @@ def unwritable_folder(tmp_path: Path) -> Path:
             [],
             "is more than the 128 positions model '{model}' can read; set max_length to 128 or less",
         ),
+        ({}, ["--folds", "1"], "--folds must be >= 2 (got 1); e.g. --folds 5"),
+        (
+            {},
+            ["--folds", "3", "--seeds", "2"],
+            "--seeds and --folds cannot be combined; cross-validate with --folds, then --seeds",
+        ),
+        (
+            {"cross_validation_fold": 1},
+            [],
+            "cross_validation_folds and cross_validation_fold go together; set both, "
+            "or run every fold with 'finetune train RECIPE --folds 5'",
+        ),
+        (
+            {"cross_validation_folds": 5, "cross_validation_fold": 5},
+            [],
+            "cross_validation_fold must be between 0 and 4 (got 5) for 5 folds",
+        ),
     ],
     ids=[
         "lr-nan",
@@ -317,6 +335,10 @@ def unwritable_folder(tmp_path: Path) -> Path:
         "both-spellings-of-n",
         "output-dir-empty",
         "max-length-past-positions",
+        "folds-1",
+        "folds-and-seeds",
+        "fold-without-folds",
+        "fold-out-of-range",
     ],
 )
 def test_recipe_values_refused_before_anything_is_read(tmp_path, tiny_model_dir, capsys, fields, flags, message):

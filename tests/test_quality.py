@@ -235,6 +235,60 @@ def test_seeds_train_once_per_seed_and_summarise(tmp_path, tiny_model_dir, capsy
     assert main(["train", str(recipe), "--seeds", "2", *flags]) == 2
 
 
+# ------------------------------------------------------------------ folds
+
+
+def test_folds_cross_validate_on_train_and_never_read_the_test_split(tmp_path, tiny_model_dir, capsys):
+    import json
+    import statistics
+
+    from helpers import tiny_recipe
+
+    from finetune.cli import main
+    from finetune.training.runs import load_run_data
+
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "runs", num_train_epochs=1, seed=7)
+    flags = ["--max_train_samples", "60", "--save_strategy", "no", "--load_best_model_at_end", "false"]
+    flags += ["--eval_strategy", "no"]
+    assert main(["train", str(recipe), "--folds", "3", *flags]) == 0
+    summary = json.loads((tmp_path / "runs" / "folds.json").read_text())
+    assert summary["folds"] == [0, 1, 2] and summary["scored_on"] == "fold"
+
+    held_out, scores = [], []
+    for fold in range(3):
+        run_dir = tmp_path / "runs" / f"fold-{fold}"
+        run = json.loads((run_dir / "finetune_run.json").read_text())
+        splits = load_run_data(run).splits
+        train, test = list(splits["train"]["text"]), list(splits["test"]["text"])
+        assert len(train) == 40 and len(test) == 20
+        # A fold trains on the rest of the 60: none of its held-out reviews.
+        assert not set(test) & set(train)
+        if fold == 0:
+            sixty = set(train) | set(test)
+        assert set(train) | set(test) == sixty
+        held_out += test
+        report = json.loads((run_dir / "test_report.json").read_text())
+        assert report["num_samples"] == 20
+        scores.append(report["accuracy"])
+        # Stratified: each fold holds a third of each class, give or take one review.
+        labels = list(splits["train"]["labels"]) + list(splits["test"]["labels"])
+        held_out_labels = list(splits["test"]["labels"])
+        assert all(abs(held_out_labels.count(c) - labels.count(c) / 3) <= 1 for c in range(3))
+    # Together the folds score each of the 60 training reviews once ...
+    assert len(held_out) == 60 and set(held_out) == sixty
+    # ... and never a review of the recipe's test split.
+    without_folds = {**run["data"], "cross_validation_folds": None, "cross_validation_fold": None}
+    test_split = load_run_data({**run, "data": without_folds}).splits["test"]
+    assert len(test_split) == 111 and not set(held_out) & set(test_split["text"])
+
+    assert [entry["fold accuracy"] for entry in summary["runs"]] == scores
+    assert summary["mean"]["fold accuracy"] == pytest.approx(statistics.fmean(scores))
+    for entry in summary["runs"]:
+        assert entry["accuracy vs baseline"] == pytest.approx(entry["fold accuracy"] - entry["baseline accuracy"])
+    table = (tmp_path / "runs" / "folds.md").read_text()
+    assert table.startswith("| fold | fold accuracy |") and table in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------- tune
 
 

@@ -163,6 +163,19 @@ class DataArguments:
         default=None,
         metadata={"help": "When the source has no test split: the share of train held out for testing (stratified)."},
     )
+    cross_validation_folds: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Cross-validation: split the train split into this many stratified folds (drawn with the seed), "
+                "train on all but cross_validation_fold and score that fold as the test split; the source's own "
+                "test split is set aside. 'finetune train RECIPE --folds K' runs every fold."
+            )
+        },
+    )
+    cross_validation_fold: int | None = field(
+        default=None, metadata={"help": "With cross_validation_folds: the fold held out, 0 to folds - 1."}
+    )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Train on a seeded random subset of this many reviews (for big Hub sets)."}
     )
@@ -198,6 +211,19 @@ class DataArguments:
             value = getattr(self, name)
             if value is not None and not 0 <= value < 100:
                 raise FinetuneError(f"{name} must be between 0 and 99 (got {value}); e.g. --{name} 10")
+        folds, fold = self.cross_validation_folds, self.cross_validation_fold
+        if (folds is None) != (fold is None):
+            raise FinetuneError(
+                "cross_validation_folds and cross_validation_fold go together; set both, "
+                "or run every fold with 'finetune train RECIPE --folds 5'"
+            )
+        if folds is not None:
+            if folds < 2:
+                raise FinetuneError(f"cross_validation_folds must be >= 2 (got {folds}); e.g. --folds 5")
+            if not 0 <= fold < folds:
+                raise FinetuneError(
+                    f"cross_validation_fold must be between 0 and {folds - 1} (got {fold}) for {folds} folds"
+                )
         for name in ("max_train_samples", "max_eval_samples", "max_test_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:

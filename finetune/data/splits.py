@@ -102,6 +102,10 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
 
     # Both shares are of the source's whole train split.
     source_train_rows = len(splits["train"])
+    if data_args.cross_validation_folds is not None:
+        splits = _cross_validation_split(
+            splits, data_args.cross_validation_folds, data_args.cross_validation_fold, len(label_names), seed
+        )
     if "test" not in splits and data_args.test_split_percentage:
         held_out = round(source_train_rows * data_args.test_split_percentage / 100)
         splits = _hold_out(splits, "test", held_out, label_names, seed)
@@ -387,6 +391,36 @@ def _describe_counts(counts: collections.Counter) -> str:
 def _class_counts(rows: datasets.Dataset, num_classes: int) -> list[int]:
     labels = rows["labels"]
     return [labels.count(class_id) for class_id in range(num_classes)]
+
+
+def _cross_validation_split(
+    splits: datasets.DatasetDict, folds: int, fold: int, num_classes: int, seed: int
+) -> datasets.DatasetDict:
+    """Train on every fold of the train split but ``fold``, which becomes the test split.
+
+    The folds are scikit-learn's ``StratifiedKFold`` (shuffled with ``seed``),
+    so every run of one cross-validation holds out a different fifth (say) and
+    together they score each training review once. The source's test split is
+    set aside: choosing a recipe on it would make its score a biased estimate.
+    """
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    train = splits["train"]
+    if len(train) < folds:
+        raise FinetuneError(f"cannot split {len(train)} training reviews into {folds} folds; use --folds 2 to 5")
+    labels = list(train["labels"])
+    smallest_class = min(_class_counts(train, num_classes))
+    # Stratified when every class can give each fold a review; otherwise plain shuffled folds.
+    splitter = (
+        StratifiedKFold(folds, shuffle=True, random_state=seed)
+        if smallest_class >= folds
+        else KFold(folds, shuffle=True, random_state=seed)
+    )
+    train_rows, held_out_rows = list(splitter.split(labels, labels))[fold]
+    kept = {name: rows for name, rows in splits.items() if name not in ("train", "test")}
+    return datasets.DatasetDict(
+        {"train": train.select(sorted(train_rows)), **kept, "test": train.select(sorted(held_out_rows))}
+    )
 
 
 def _hold_out(

@@ -1,0 +1,147 @@
+"""Train one recipe several times (other seeds, or other held-out folds) and summarise: mean and spread.
+
+``--seeds`` (:mod:`.seeds`) and ``--folds`` (:mod:`.folds`) are both this: a
+list of runs that differ in a few flags, each trained into its own folder,
+then every run's scores, the TF-IDF baseline's on the same reviews, the run's
+lead over it, the training seconds, and their mean and sample standard
+deviation, written as ``<kind>s.json`` and ``<kind>s.md`` beside the runs.
+The lead is taken run by run: where the runs score different reviews (other
+folds, or a test split drawn with the seed), the baseline moves with them,
+and the paired difference is what says whether the model is better.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import FinetuneError
+
+
+@dataclass
+class Repeat:
+    """One run of the recipe: its key (a seed, a fold), the flags that make it so, and where it trains."""
+
+    key: int
+    flags: list[str]
+    output_dir: Path
+
+
+def run_repeats(
+    recipe: str | None,
+    overrides: list[str],
+    repeats: list[Repeat],
+    folder: Path,
+    kind: str,
+    scored_on: str,
+    overwrite: bool,
+) -> dict[str, Any]:
+    """Train every repeat, then write and print the summary; returns it.
+
+    ``kind`` names a run's key ("seed", "fold") and the summary files;
+    ``scored_on`` names the reviews each run is scored on ("test", "fold").
+    """
+    from .train import train
+
+    summary_path = folder / f"{kind}s.json"
+    if summary_path.exists() and not overwrite:
+        raise FinetuneError(
+            f"{summary_path} already exists; pass --overwrite_output_dir to run the {kind}s again, "
+            "or choose another output_dir"
+        )
+    figures = _figure_sources(scored_on)
+    runs = []
+    for number, repeat in enumerate(repeats, start=1):
+        print(f"{kind} {repeat.key} ({number} of {len(repeats)}) -> {repeat.output_dir}", file=sys.stderr)
+        # Given last, these win over the same flags among the overrides.
+        metrics = train(recipe, [*overrides, *repeat.flags, "--output_dir", str(repeat.output_dir)])
+        runs.append({kind: repeat.key, "output_dir": str(repeat.output_dir), **_figures(metrics, figures, scored_on)})
+
+    columns = _columns(scored_on)
+    summary = {
+        "recipe": recipe,
+        "overrides": overrides,
+        f"{kind}s": [entry[kind] for entry in runs],
+        "scored_on": scored_on,
+        "runs": runs,
+        "mean": {name: _mean([entry[name] for entry in runs]) for name in columns},
+        "sd": {name: _sd([entry[name] for entry in runs]) for name in columns},
+    }
+    table = format_summary(summary, kind)
+    folder.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    table_path = folder / f"{kind}s.md"
+    table_path.write_text(table + "\n", encoding="utf-8")
+    print(table)
+    print(f"saved to {summary_path} and {table_path}", file=sys.stderr)
+    return summary
+
+
+def format_summary(summary: dict[str, Any], kind: str) -> str:
+    """A markdown table: one row per run, then mean and sample standard deviation."""
+    names = _columns(summary.get("scored_on", "test"))
+    lines = [f"| {kind} | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    for entry in summary["runs"]:
+        lines.append(f"| {entry[kind]} | " + " | ".join(_cell(entry[name], name) for name in names) + " |")
+    mean, sd = summary["mean"], summary["sd"]
+    spreads = [f"{_cell(mean[name], name)} ± {_cell(sd[name], name, signed=False)}" for name in names]
+    lines.append("| mean ± sd | " + " | ".join(spreads) + " |")
+    return "\n".join(lines)
+
+
+# Each run's lead over the baseline on its own reviews: (name, the model's figure, the baseline's).
+_LEADS = ("accuracy vs baseline", "macro-F1 vs baseline")
+_SECONDS = "train seconds"
+
+
+def _figure_sources(scored_on: str) -> dict[str, tuple[str, str]]:
+    """What each run contributes: (name in the table, where it is in train()'s metrics)."""
+    return {
+        f"{scored_on} accuracy": ("test", "accuracy"),
+        f"{scored_on} macro-F1": ("test", "macro_f1"),
+        "baseline accuracy": ("baseline_test", "accuracy"),
+        "baseline macro-F1": ("baseline_test", "macro_f1"),
+        _SECONDS: ("train", "train_wall_seconds"),
+    }
+
+
+def _columns(scored_on: str) -> list[str]:
+    """The table's columns: the scores, the leads, then the seconds."""
+    scores = [name for name in _figure_sources(scored_on) if name != _SECONDS]
+    return [*scores, *_LEADS, _SECONDS]
+
+
+def _figures(metrics: dict[str, Any], figure_sources: dict[str, tuple[str, str]], scored_on: str) -> dict[str, Any]:
+    sources = {
+        "test": metrics.get("test") or {},
+        "baseline_test": ((metrics.get("baseline") or {}).get("scores") or {}).get("test") or {},
+        "train": metrics,
+    }
+    figures = {name: sources[source].get(key) for name, (source, key) in figure_sources.items()}
+    compared = ((f"{scored_on} accuracy", "baseline accuracy"), (f"{scored_on} macro-F1", "baseline macro-F1"))
+    for name, (model, baseline) in zip(_LEADS, compared):
+        known = figures[model] is not None and figures[baseline] is not None
+        figures[name] = figures[model] - figures[baseline] if known else None
+    return figures
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.fmean(known) if known else None
+
+
+def _sd(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.stdev(known) if len(known) > 1 else None
+
+
+def _cell(value: float | None, name: str, signed: bool = True) -> str:
+    if value is None:
+        return "-"
+    if name in _LEADS and signed:
+        return f"{value:+.3f}"
+    return f"{value:.0f}" if name == _SECONDS else f"{value:.3f}"
