@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -43,13 +44,17 @@ def review_dataset(tokenizer, num_samples: int, seed: int = 0, max_words: int = 
     return datasets.Dataset.from_dict({**encoded, "labels": [rng.randrange(3) for _ in range(num_samples)]})
 
 
+# FINETUNE_TEST_DEVICE=cuda runs the trainer tests on a GPU (the references stay on the CPU); CI has none.
+TEST_ON_CPU = os.environ.get("FINETUNE_TEST_DEVICE", "cpu") == "cpu"
+
+
 def quiet_args(output_dir, **overrides):
-    """TrainingArguments for tests: CPU, fp32, no saving, no bars, no integrations."""
+    """TrainingArguments for tests: CPU (or FINETUNE_TEST_DEVICE), fp32, no saving, no bars, no integrations."""
     from finetune import FinetuneTrainingArguments
 
     values = dict(
         output_dir=str(output_dir),
-        use_cpu=True,
+        use_cpu=TEST_ON_CPU,
         report_to="none",
         save_strategy="no",
         logging_strategy="no",
@@ -78,8 +83,8 @@ def sgd_args(output_dir, micro_batch: int, accumulation_steps: int, epochs: int 
 
 
 def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
-    """All parameters as one vector (a copy)."""
-    return torch.cat([parameter.detach().flatten().clone() for parameter in model.parameters()])
+    """All parameters as one vector (a copy, on the CPU)."""
+    return torch.cat([parameter.detach().flatten().cpu().clone() for parameter in model.parameters()])
 
 
 def tiny_recipe(folder: Path, model_dir: Path, output_dir: Path, **fields) -> Path:
