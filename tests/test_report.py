@@ -157,6 +157,22 @@ def test_history_rows_skip_the_summary_and_keep_logged_updates_from_before_a_res
     assert rows[3]["learning_rate"] == pytest.approx(1e-4 * 2 / 8)
 
 
+def test_model_card_names_the_class_weighting_the_run_used(small_run, tmp_path):
+    import shutil
+
+    from finetune.evaluation.model_card import write_model_card
+
+    copy = tmp_path / "run"
+    shutil.copytree(small_run, copy)
+    run = json.loads((copy / "finetune_run.json").read_text())
+    run["recipe_values"]["class_weighting"] = "sqrt"
+    run["class_weights"] = [1.115, 1.925, 0.721]
+    (copy / "finetune_run.json").write_text(json.dumps(run))
+    card = write_model_card(copy).read_text()
+    assert "- class weighting `sqrt`: loss weights 1.115, 1.925, 0.721 (in class order)" in card
+    assert "`balanced`" not in card.split("## Known limits")[0]
+
+
 def test_the_baseline_stands_beside_the_run(small_run):
     from finetune.evaluation.baseline import TfidfBaseline
 

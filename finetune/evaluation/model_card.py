@@ -210,7 +210,7 @@ def _training(run: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
         lines.append(f"- learning-rate warmup: {metrics['warmup_updates']} updates")
     if run.get("class_weights"):
         weights = ", ".join(f"{weight:.3f}" for weight in run["class_weights"])
-        lines.append(f"- class weighting `balanced`: loss weights {weights} (in class order)")
+        lines.append(f"- {_class_weighting(run)}: loss weights {weights} (in class order)")
     if metrics.get("best_model_checkpoint"):
         lines.append(
             f"- kept: the best checkpoint by validation {metrics['metric_for_best_model']} "
@@ -328,10 +328,8 @@ def _limits(run: dict[str, Any], test: dict[str, Any] | None, entry: CatalogEntr
         ratio = train_counts[largest] / train_counts[smallest]
         shares = ", ".join(f"{name} {count / sum(train_counts.values()):.0%}" for name, count in train_counts.items())
         if ratio >= _IMBALANCE_RATIO:
-            # recipe_values holds the recipe with its flags applied; a run from the Python API may lack it.
-            strategy = (run.get("recipe_values") or {}).get("class_weighting", "balanced")
             weighting = (
-                f"training used class weighting `{strategy}`"
+                f"training used {_class_weighting(run)}"
                 if run.get("class_weights")
                 else "training did not weight classes (`class_weighting: balanced` or `sqrt` would)"
             )
@@ -369,6 +367,13 @@ def _limits(run: dict[str, Any], test: dict[str, Any] | None, entry: CatalogEntr
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _class_weighting(run: dict[str, Any]) -> str:
+    """How the run weighted its classes: ``class weighting `sqrt``` or, if not on record, ``class weights``."""
+    # recipe_values holds the recipe with its flags applied; a run from the Python API has no strategy.
+    strategy = (run.get("recipe_values") or {}).get("class_weighting")
+    return f"class weighting `{strategy}`" if strategy else "class weights"
 
 
 def _supports(test: dict[str, Any]) -> list[int]:
