@@ -8,9 +8,9 @@ per-batch work; NNCF's transformer mode also applies SmoothQuant (moving
 activation outliers into the weights), without which 5% of drugscom's test
 labels changed. Weight-only int8 quantizes activations at run time in small
 groups instead: no calibration, closer to fp32, slower. In ``finetune bench``
-on 2 idle cores, static int8 ran 1.97x (quickstart) and 2.41x (drugscom) fp32
-PyTorch's reviews/s with 99.1% and 97.4% of labels unchanged; weight-only 1.53x
-and 1.70x with 99.1% and 99.5% (README, "Fast prediction").
+on 2 cores, static int8 ran 2.55x (quickstart) and 3.02x (drugscom) fp32
+PyTorch's reviews/s with 99.1% and 99.5% of labels unchanged; weight-only 2.10x
+and 2.25x with 99.1% and 99.5% (README, "Fast prediction").
 
 The folder it writes holds ``openvino_model.xml`` / ``.bin``, the model's
 ``config.json`` (labels), its tokenizer, ``export.json`` (how it was made) and
