@@ -108,8 +108,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self.nonfinite_in_a_row = 0
         # The share of its window's loss that the next training_step backpropagates (set per micro-batch).
         self.micro_batch_weight = 1.0
-        if class_weights is None:
-            strategy = getattr(self.args, "class_weighting", "none")
+        strategy = getattr(self.args, "class_weighting", "none")
+        if class_weights is None and strategy != "none":
+            # Only then is the train split read: an evaluation-only or iterable dataset has no labels column.
             class_weights = class_weights_for(strategy, self.train_dataset["labels"], self.model.config.num_labels)
         self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
 
