@@ -289,6 +289,34 @@ def test_folds_cross_validate_on_train_and_never_read_the_test_split(tmp_path, t
     assert table.startswith("| fold | fold accuracy |") and table in capsys.readouterr().out
 
 
+def test_folds_leave_out_a_test_split_drawn_from_train():
+    """A source with no test split: the test split a normal run draws is set aside before the folds are cut."""
+    from helpers import PROJECT
+
+    from finetune.config.arguments import DataArguments
+    from finetune.data.splits import load_review_data
+
+    fields = dict(
+        train_file=str(PROJECT / "data" / "reviews" / "train.csv"),
+        text_column="review",
+        label_column="stars",
+        label_bins="negative=1-2,neutral=3,positive=4-5",
+        test_split_percentage=20,
+        validation_split_percentage=0,
+    )
+    normal = load_review_data(DataArguments(**fields), seed=5).splits
+    held_out = []
+    for fold in range(3):
+        folded = load_review_data(
+            DataArguments(**fields, cross_validation_folds=3, cross_validation_fold=fold), seed=5
+        ).splits
+        assert set(folded) == {"train", "test"}
+        assert not set(folded["test"]["text"]) & set(normal["test"]["text"])
+        assert not set(folded["train"]["text"]) & set(normal["test"]["text"])
+        held_out += list(folded["test"]["text"])
+    assert sorted(held_out) == sorted(normal["train"]["text"])
+
+
 # ------------------------------------------------------------------- tune
 
 

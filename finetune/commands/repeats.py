@@ -53,13 +53,12 @@ def run_repeats(
             f"{summary_path} already exists; pass --overwrite_output_dir to run the {kind}s again, "
             "or choose another output_dir"
         )
-    figures = _figure_sources(scored_on)
     runs = []
     for number, repeat in enumerate(repeats, start=1):
         print(f"{kind} {repeat.key} ({number} of {len(repeats)}) -> {repeat.output_dir}", file=sys.stderr)
         # Given last, these win over the same flags among the overrides.
         metrics = train(recipe, [*overrides, *repeat.flags, "--output_dir", str(repeat.output_dir)])
-        runs.append({kind: repeat.key, "output_dir": str(repeat.output_dir), **_figures(metrics, figures, scored_on)})
+        runs.append({kind: repeat.key, "output_dir": str(repeat.output_dir), **_figures(metrics, scored_on)})
 
     columns = _columns(scored_on)
     summary = {
@@ -115,13 +114,14 @@ def _columns(scored_on: str) -> list[str]:
     return [*scores, *_LEADS, _SECONDS]
 
 
-def _figures(metrics: dict[str, Any], figure_sources: dict[str, tuple[str, str]], scored_on: str) -> dict[str, Any]:
+def _figures(metrics: dict[str, Any], scored_on: str) -> dict[str, Any]:
+    """One run's row: its scores, the baseline's, the leads over it and the seconds."""
     sources = {
         "test": metrics.get("test") or {},
         "baseline_test": ((metrics.get("baseline") or {}).get("scores") or {}).get("test") or {},
         "train": metrics,
     }
-    figures = {name: sources[source].get(key) for name, (source, key) in figure_sources.items()}
+    figures = {name: sources[source].get(key) for name, (source, key) in _figure_sources(scored_on).items()}
     compared = ((f"{scored_on} accuracy", "baseline accuracy"), (f"{scored_on} macro-F1", "baseline macro-F1"))
     for name, (model, baseline) in zip(_LEADS, compared):
         known = figures[model] is not None and figures[baseline] is not None

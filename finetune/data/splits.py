@@ -102,13 +102,14 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
 
     # Both shares are of the source's whole train split.
     source_train_rows = len(splits["train"])
-    if data_args.cross_validation_folds is not None:
-        splits = _cross_validation_split(
-            splits, data_args.cross_validation_folds, data_args.cross_validation_fold, len(label_names), seed
-        )
     if "test" not in splits and data_args.test_split_percentage:
         held_out = round(source_train_rows * data_args.test_split_percentage / 100)
         splits = _hold_out(splits, "test", held_out, label_names, seed)
+    if data_args.cross_validation_folds is not None:
+        # After the test split is drawn, so cross-validation never sees a review a normal run tests on.
+        splits = _cross_validation_split(
+            splits, data_args.cross_validation_folds, data_args.cross_validation_fold, len(label_names), seed
+        )
     if "validation" not in splits and data_args.validation_split_percentage:
         held_out = round(source_train_rows * data_args.validation_split_percentage / 100)
         splits = _hold_out(splits, "validation", held_out, label_names, seed)
