@@ -169,7 +169,8 @@ class DataArguments:
             "help": (
                 "Cross-validation: split the train split into this many stratified folds (drawn with the seed), "
                 "train on all but cross_validation_fold and score that fold as the test split; the test split "
-                "(the source's, or the one test_split_percentage draws) is set aside. 'finetune train RECIPE --folds K' runs every fold."
+                "(the source's, or the one test_split_percentage draws) is set aside. "
+                "'finetune train RECIPE --folds K' runs every fold."
             )
         },
     )
