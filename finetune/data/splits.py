@@ -401,14 +401,17 @@ def _cross_validation_split(
 
     The folds are scikit-learn's ``StratifiedKFold`` (shuffled with ``seed``),
     so every run of one cross-validation holds out a different fifth (say) and
-    together they score each training review once. The source's test split is
-    set aside: choosing a recipe on it would make its score a biased estimate.
+    together they score each training review once. The test split (the
+    source's, or one already drawn from train) is set aside: choosing a recipe
+    on it would make its score a biased estimate.
     """
     from sklearn.model_selection import KFold, StratifiedKFold
 
     train = splits["train"]
     if len(train) < folds:
-        raise FinetuneError(f"cannot split {len(train)} training reviews into {folds} folds; use --folds 2 to 5")
+        raise FinetuneError(
+            f"cannot split {len(train)} training reviews into {folds} folds; pass --folds {len(train)} or fewer"
+        )
     labels = list(train["labels"])
     smallest_class = min(_class_counts(train, num_classes))
     # Stratified when every class can give each fold a review; otherwise plain shuffled folds.
