@@ -67,6 +67,27 @@ def _weight_source(node):
     return node
 
 
+def _weighted_matmuls(model):
+    """The model's MatMuls whose second input is a stored weight (not attention's scores)."""
+    return [
+        op
+        for op in model.get_ordered_ops()
+        if op.get_type_name() == "MatMul" and _weight_source(op.input_value(1).get_node()).get_type_name() == "Constant"
+    ]
+
+
+def _assert_int8_except(weighted, kept, static=True):
+    """Every MatMul in ``weighted`` reads int8 weights (and, static, FakeQuantized inputs) unless it is in ``kept``."""
+    kept_names = {op.get_friendly_name() for op in kept}
+    for op in weighted:
+        weight_type = str(_weight_source(op.input_value(1).get_node()).get_element_type())
+        quantized_input = op.input_value(0).get_node().get_type_name() == "FakeQuantize"
+        if op.get_friendly_name() in kept_names:
+            assert weight_type == "<Type: 'float32'>" and not quantized_input, op.get_friendly_name()
+        else:
+            assert weight_type == "<Type: 'int8_t'>" and quantized_input == static, op.get_friendly_name()
+
+
 def test_openvino_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
     import openvino as ov
 
@@ -84,23 +105,14 @@ def test_openvino_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
 
     # Static int8: every MatMul with a weight reads int8 weights, and its activations pass a
     # FakeQuantize whose range was measured in calibration; all but the first layer's
-    # feed-forward output, which stays fp32.
+    # feed-forward output and the head (pooler, classifier), which stay fp32.
     model = ov.Core().read_model(str(exported / "openvino_model.xml"))
-    weighted = [
-        op
-        for op in model.get_ordered_ops()
-        if op.get_type_name() == "MatMul" and _weight_source(op.input_value(1).get_node()).get_type_name() == "Constant"
-    ]
+    weighted = _weighted_matmuls(model)
     assert len(weighted) == 2 * 6 + 2  # 2 layers of Q, K, V, attention output, FFN in and out; pooler, classifier
-    kept = [op for op in weighted if "layer.0.output.dense/" in op.get_friendly_name()]
-    assert len(kept) == 1
-    for op in weighted:
-        weight_type = str(_weight_source(op.input_value(1).get_node()).get_element_type())
-        quantized_input = op.input_value(0).get_node().get_type_name() == "FakeQuantize"
-        if op.get_friendly_name() in {node.get_friendly_name() for node in kept}:
-            assert weight_type == "<Type: 'float32'>" and not quantized_input, op.get_friendly_name()
-        else:
-            assert weight_type == "<Type: 'int8_t'>" and quantized_input, op.get_friendly_name()
+    kept_names = ("layer.0.output.dense/", "bert.pooler.dense/", "__module.classifier/")
+    kept = [op for op in weighted if any(name in op.get_friendly_name() for name in kept_names)]
+    assert len(kept) == 3
+    _assert_int8_except(weighted, kept)
 
     # Exporting again over it is refused, and the folder is left as it was.
     before = (exported / "openvino_model.bin").read_bytes()
@@ -130,14 +142,45 @@ def test_openvino_weights_only_export_needs_no_reviews(tiny_model_dir, tmp_path)
     record = json.loads((exported / "export.json").read_text())
     assert record["runtime_settings"] == {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 32} and "calibration_reviews" not in record
     model = ov.Core().read_model(str(exported / "openvino_model.xml"))
-    matmuls = [op for op in model.get_ordered_ops() if op.get_type_name() == "MatMul"]
-    weights = [_weight_source(op.input_value(1).get_node()) for op in matmuls]
-    int8 = [node for node in weights if str(node.get_element_type()) == "<Type: 'int8_t'>"]
-    assert len(int8) == 2 * 6 + 2
+    # Every layer's weights in int8; the head (pooler, classifier) in fp32.
+    weighted = _weighted_matmuls(model)
+    head = [op for op in weighted if "pooler" in op.get_friendly_name() or "classifier" in op.get_friendly_name()]
+    assert len(weighted) == 2 * 6 + 2 and len(head) == 2
+    _assert_int8_except(weighted, head, static=False)
     assert not [op for op in model.get_ordered_ops() if op.get_type_name() == "FakeQuantize"]
     fp32 = predict_probabilities(*load_inference_model(tiny_model_dir), TEXTS, batch_size=8)
     int8_probabilities = predict_probabilities(*load_inference_model(exported), TEXTS, batch_size=8)
     assert np.abs(int8_probabilities - fp32).max() < 0.02
+
+
+@pytest.mark.parametrize("weights_only", [False, True])
+def test_the_mean_pooling_layer_stays_fp32(tiny_model_dir, tmp_path, weights_only):
+    """A pooling: mean model's appended layer is left whole in fp32; the layers below are int8."""
+    import openvino as ov
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from finetune.evaluation.inference import load_inference_model, predict_probabilities
+    from finetune.training.pooling import add_mean_pooling_layer
+
+    pooled = tmp_path / "tiny-mean"
+    add_mean_pooling_layer(AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)).save_pretrained(pooled)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(pooled)
+    calibration = tmp_path / "calibration.csv"
+    calibration.write_text("text\n" + "".join(f'"{text}"\n' for text in TEXTS[:4]))
+    exported = tmp_path / "tiny-mean-int8"
+    mode = ["--weights_only"] if weights_only else ["--calibration", str(calibration)]
+    assert main(["export", str(pooled), "--int8", *mode, "--output", str(exported)]) == 0
+
+    weighted = _weighted_matmuls(ov.Core().read_model(str(exported / "openvino_model.xml")))
+    # The fresh pooling layer's all-zero products (query, feed-forward output) are folded away.
+    assert len([op for op in weighted if "layer.2." in op.get_friendly_name()]) >= 4
+    kept_names = ["layer.2.", "pooler", "classifier"] + ([] if weights_only else ["layer.0.output.dense/"])
+    kept = [op for op in weighted if any(name in op.get_friendly_name() for name in kept_names)]
+    assert len(weighted) - len(kept) == 2 * 6 - (0 if weights_only else 1)
+    _assert_int8_except(weighted, kept, static=not weights_only)
+    fp32 = predict_probabilities(*load_inference_model(pooled), TEXTS, batch_size=8)
+    int8 = predict_probabilities(*load_inference_model(exported), TEXTS, batch_size=8)
+    assert np.abs(int8 - fp32).max() < 0.02
 
 
 @pytest.fixture(scope="module")
