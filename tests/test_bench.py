@@ -123,3 +123,35 @@ def test_flop_count_by_hand():
     # One layer, hidden 2, 10 non-embedding parameters, two sequences of 3 and 1 tokens:
     # forward = (2*10*3 + 4*1*2*9) + (2*10*1 + 4*1*2*1) = 132 + 28; training = 3x.
     assert training_flops([3, 1], non_embedding=10, num_layers=1, hidden_size=2) == pytest.approx(3 * 160)
+
+
+def test_prediction_rows_by_hand():
+    """Agreement, probability change and near ties of a made-up fp32 / int8 pair, worked out by hand."""
+    from finetune.commands.bench import _prediction_rows
+
+    def result(system, probabilities, seconds):
+        return {
+            "system": system,
+            "samples": 4,
+            "seconds": seconds,
+            "probabilities": probabilities,
+            "predictions": [max(range(2), key=row.__getitem__) for row in probabilities],
+            "labels": [0, 1, 1, 0],
+            "peak_rss_bytes": 100 * 1024 * 1024,
+            "backend": "openvino",
+        }
+
+    # fp32: review 2 is a near tie (0.52 / 0.48), review 3 is not (0.60 / 0.40).
+    fp32 = result("predict fp32", [[0.9, 0.1], [0.2, 0.8], [0.52, 0.48], [0.6, 0.4]], 2.0)
+    # int8 tips the tie and moves review 0 by 0.1.
+    int8 = result("predict int8", [[0.8, 0.2], [0.2, 0.8], [0.48, 0.52], [0.6, 0.4]], 0.5)
+    report = _prediction_rows(fp32, [int8])
+    assert report["near_ties"] == 1
+    ratios = report["int8_vs_fp32"]
+    assert ratios["speedup"] == pytest.approx(4.0)
+    assert ratios["agreement"] == 0.75
+    # fp32 gets reviews 0, 1, 3 right (0.75); int8 gets 0, 1, 2, 3 (1.0): +25 points.
+    assert ratios["accuracy_points"] == pytest.approx(25.0)
+    # |change| per entry: 0.1, 0.1 (review 0), 0.04, 0.04 (review 2), the rest 0: mean 0.28 / 8.
+    assert ratios["mean_probability_change"] == pytest.approx(0.035)
+    assert ratios["max_probability_change"] == pytest.approx(0.1)

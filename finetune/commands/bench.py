@@ -43,6 +43,8 @@ from .bench_systems import (
 TRAINING_SYSTEMS = (REVIEW_TRAINER, STOCK_TRAINER, CLASSIC_LOOP)
 MEMORY_ACCUMULATION_STEPS = (1, 4, 16)
 MIB = 1024 * 1024
+# Two classes' fp32 probabilities closer than this make a "near tie" in the prediction report.
+NEAR_TIE = 0.05
 
 
 def bench(
@@ -376,11 +378,16 @@ def _prediction_rows(fp32: dict[str, Any], exports: list[dict[str, Any]]) -> dic
     """Reviews/s, accuracy and peak memory of fp32 and each int8 export's prediction, and each as ratios of fp32.
 
     ``int8_vs_fp32`` is the default export's (``finetune export --int8``);
-    ``vs_fp32`` holds every export's, by system name.
+    ``vs_fp32`` holds every export's, by system name, with how far its class
+    probabilities moved from fp32's. ``near_ties`` counts the reviews whose two
+    most likely classes fp32 puts within ``NEAR_TIE`` of each other: the labels
+    any approximation of the model is likely to flip.
     """
     import numpy as np
 
     labels = np.asarray(fp32["labels"])
+    base_probabilities = np.asarray(fp32["probabilities"])
+    top_two = np.sort(base_probabilities, axis=-1)[:, -2:]
     rows = {}
     for result in (fp32, *exports):
         rows[result["system"]] = {
@@ -390,7 +397,7 @@ def _prediction_rows(fp32: dict[str, Any], exports: list[dict[str, Any]]) -> dic
             "accuracy": float(np.mean(np.asarray(result["predictions"]) == labels)),
             "peak_rss_mib": result["peak_rss_bytes"] / MIB,
         }
-    report: dict[str, Any] = {"systems": rows}
+    report: dict[str, Any] = {"systems": rows, "near_ties": int(np.sum(top_two[:, 1] - top_two[:, 0] < NEAR_TIE))}
     base = rows[PREDICT_FP32]
     ratios = {}
     for result in exports:
@@ -400,6 +407,8 @@ def _prediction_rows(fp32: dict[str, Any], exports: list[dict[str, Any]]) -> dic
             "speedup": fast["reviews_per_second"] / base["reviews_per_second"],
             "accuracy_points": 100 * (fast["accuracy"] - base["accuracy"]),
             "agreement": float(np.mean(np.asarray(result["predictions"]) == np.asarray(fp32["predictions"]))),
+            "mean_probability_change": float(np.abs(np.asarray(result["probabilities"]) - base_probabilities).mean()),
+            "max_probability_change": float(np.abs(np.asarray(result["probabilities"]) - base_probabilities).max()),
             "peak_rss_ratio": fast["peak_rss_mib"] / base["peak_rss_mib"],
         }
     if ratios:
@@ -461,7 +470,13 @@ def _format_prediction(prediction: dict[str, Any]) -> list[str]:
         lines.append(
             f"{name.removeprefix('predict ')} prediction ({ratios['backend']}) vs fp32: {ratios['speedup']:.2f}x "
             f"reviews/s, accuracy {ratios['accuracy_points']:+.1f} points, {ratios['agreement']:.1%} of labels "
-            f"agree, peak RSS {ratios['peak_rss_ratio']:.2f}x"
+            f"agree, probabilities moved {ratios['mean_probability_change']:.4f} on average "
+            f"(at most {ratios['max_probability_change']:.3f}), peak RSS {ratios['peak_rss_ratio']:.2f}x"
+        )
+    if "vs_fp32" in prediction:
+        lines.append(
+            f"{prediction['near_ties']} reviews have fp32's two likeliest classes within {NEAR_TIE} of each other "
+            "(labels int8 can flip by a hair)"
         )
     lines += [
         "| prediction | reviews | seconds | reviews/s | accuracy | peak RSS MiB |",

@@ -325,6 +325,7 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         "samples": len(texts),
         "seconds": seconds,
         "predictions": probabilities.argmax(-1).tolist(),
+        "probabilities": probabilities.tolist(),
         "labels": labels,
         "peak_rss_bytes": peak_rss_bytes(),
         "backend": _export_backend(pathlib.Path(spec.model_dir)),
