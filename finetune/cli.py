@@ -9,7 +9,7 @@
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
-| ``export MODEL --int8 [--output DIR] [--backend B] [--weights_only]`` | :func:`finetune.commands.export.export` |
+| ``export MODEL --int8 [--output DIR] [--backend B] [--fp32_fallback M]`` | :func:`finetune.commands.export.export` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
@@ -112,6 +112,7 @@ def _export(options: argparse.Namespace, extra: list[str]) -> None:
         calibration=options.calibration,
         calibration_reviews=options.calibration_reviews,
         weights_only=options.weights_only,
+        fp32_fallback=options.fp32_fallback,
     )
 
 
@@ -280,6 +281,13 @@ def build_cli() -> argparse.ArgumentParser:
         "--weights_only",
         action="store_true",
         help="openvino: int8 weights, activations quantized at run time in groups of 32; closer to fp32, slower",
+    )
+    export.add_argument(
+        "--fp32_fallback",
+        type=float,
+        metavar="MARGIN",
+        help="also keep the fp32 model and let it score the reviews whose int8 top-two probabilities are "
+        "within MARGIN (e.g. 0.1): labels closer to fp32's, a little slower",
     )
     export.set_defaults(handler=_export)
 

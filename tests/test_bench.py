@@ -51,12 +51,21 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
     assert report["inference"]["max_abs_probability_difference"] < 1e-4
     # finetune predict from the saved fp32 model and from its int8 export, on the same held-out reviews.
     prediction = report["prediction"]
-    assert set(prediction["systems"]) == {"predict fp32", "predict int8", "predict int8 weights only"}
+    assert set(prediction["systems"]) == {
+        "predict fp32",
+        "predict int8",
+        "predict int8 + fp32 fallback",
+        "predict int8 weights only",
+    }
     for row in prediction["systems"].values():
         assert row["reviews"] == 111 and row["reviews_per_second"] > 0 and row["peak_rss_mib"] > 0
     ratios = prediction["int8_vs_fp32"]
     assert ratios["speedup"] > 0 and 0.0 <= ratios["agreement"] <= 1.0 and ratios["backend"] == "openvino"
     assert ratios == prediction["vs_fp32"]["predict int8"]
+    # The fallback row is the same int8 model with its close calls scored again in fp32: never further from fp32.
+    fallback = prediction["vs_fp32"]["predict int8 + fp32 fallback"]
+    assert fallback["agreement"] >= ratios["agreement"]
+    assert fallback["mean_probability_change"] <= ratios["mean_probability_change"]
     weights = prediction["vs_fp32"]["predict int8 weights only"]
     assert weights["speedup"] > 0 and 0.0 <= weights["agreement"] <= 1.0 and weights["backend"] == "openvino"
     text = capsys.readouterr().out

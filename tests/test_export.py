@@ -131,6 +131,40 @@ def test_openvino_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
     assert [row["label"] for row in rows[:4]] == [f"LABEL_{index}" for index in int8[:4].argmax(1)]
 
 
+@pytest.mark.parametrize("backend", ["openvino", "onnxruntime"])
+def test_fp32_fallback_export_round_trip(tiny_model_dir, tmp_path, capsys, backend):
+    from finetune.evaluation.fallback import Int8WithFallback
+    from finetune.evaluation.inference import load_inference_model, predict_probabilities
+
+    exported = tmp_path / "tiny-int8"
+    command = ["export", str(tiny_model_dir), "--int8", "--backend", backend, "--output", str(exported)]
+    if backend == "openvino":
+        calibration = tmp_path / "calibration.csv"
+        calibration.write_text("text\n" + "".join(f'"{text}"\n' for text in TEXTS[:4]))
+        command += ["--calibration", str(calibration)]
+    # A margin of 1 makes every review a close call: the fp32 model scores them all.
+    assert main([*command, "--fp32_fallback", "1"]) == 0
+    assert "fp32 for reviews whose top two are within 1" in capsys.readouterr().err
+    record = json.loads((exported / "export.json").read_text())
+    assert record["fp32_fallback"]["margin"] == 1.0 and (exported / "fp32" / "model.safetensors").is_file()
+    model, tokenizer = load_inference_model(exported)
+    assert isinstance(model, Int8WithFallback)
+    fp32 = predict_probabilities(*load_inference_model(tiny_model_dir), TEXTS, batch_size=8)
+    np.testing.assert_allclose(predict_probabilities(model, tokenizer, TEXTS, batch_size=8), fp32, atol=1e-6)
+    assert model.rescored == len(TEXTS)
+
+    # predict takes the folder; without its fp32 model, it says what is missing and what to do.
+    reviews = tmp_path / "reviews.csv"
+    reviews.write_text("text\ngreat value\nbroke after a week\n", encoding="utf-8")
+    assert main(["predict", str(exported), "--input", str(reviews), "--output", str(tmp_path / "out.csv")]) == 0
+    (exported / "fp32" / "model.safetensors").unlink()
+    capsys.readouterr()
+    assert main(["predict", str(exported), "--input", str(reviews), "--output", str(tmp_path / "again.csv")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "fp32/model.safetensors is missing" in error and "export again with --fp32_fallback" in error
+    assert len(error.splitlines()) == 1 and not (tmp_path / "again.csv").exists()
+
+
 def test_openvino_weights_only_export_needs_no_reviews(tiny_model_dir, tmp_path):
     import openvino as ov
 
@@ -237,6 +271,8 @@ def test_calibration_samples_are_the_windows_predict_scores(tokenizer):
         (["--weights_only", "--calibration", "x.csv"], "--weights_only needs no calibration reviews"),
         (["--weights_only", "--backend", "onnxruntime"], "--weights_only is for --backend openvino"),
         (["--backend", "tensorrt"], "--backend"),
+        (["--fp32_fallback", "0"], "--fp32_fallback must be a probability gap in (0, 1]"),
+        (["--fp32_fallback", "1.5"], "pass e.g. --fp32_fallback 0.1"),
     ],
 )
 def test_export_refusals_say_the_fix_and_write_nothing(tiny_model_dir, tmp_path, capsys, monkeypatch, extra, says):

@@ -33,6 +33,7 @@ from .bench_systems import (
     INFERENCE,
     PREDICT_FP32,
     PREDICT_INT8,
+    PREDICT_INT8_FALLBACK,
     PREDICT_INT8_WEIGHTS,
     REVIEW_TRAINER,
     STOCK_TRAINER,
@@ -41,6 +42,7 @@ from .bench_systems import (
 )
 
 TRAINING_SYSTEMS = (REVIEW_TRAINER, STOCK_TRAINER, CLASSIC_LOOP)
+PREDICTION_EXPORTS = (PREDICT_INT8, PREDICT_INT8_FALLBACK, PREDICT_INT8_WEIGHTS)
 MEMORY_ACCUMULATION_STEPS = (1, 4, 16)
 MIB = 1024 * 1024
 # Two classes' fp32 probabilities closer than this make a "near tie" in the prediction report.
@@ -154,7 +156,7 @@ def bench(
             report["inference"] = _inference_row(inference_results[0])
         by_system = {result["system"]: result for result in results}
         if PREDICT_FP32 in by_system:
-            exports = [by_system[name] for name in (PREDICT_INT8, PREDICT_INT8_WEIGHTS) if name in by_system]
+            exports = [by_system[name] for name in PREDICTION_EXPORTS if name in by_system]
             report["prediction"] = _prediction_rows(by_system[PREDICT_FP32], exports)
         text = format_speed_report(report)
     print(text)
@@ -247,6 +249,7 @@ def _prediction_specs(
 
     from ..data.encoding import ReviewEncoding
     from ..evaluation.export import export_int8
+    from ..evaluation.fallback import DEFAULT_FALLBACK_MARGIN, add_fp32_fallback
     from ..evaluation.openvino_export import (
         export_openvino_int8,
         export_openvino_weights_int8,
@@ -274,6 +277,13 @@ def _prediction_specs(
     else:
         return specs
     specs.append(SystemSpec(PREDICT_INT8, recipe, overrides, held_out, label_names, 1, model_dir=str(int8_dir)))
+    # The same int8 model with the fp32 model beside it for its close calls (finetune export --fp32_fallback).
+    fallback_dir = workdir / "predict-int8-fallback"
+    shutil.copytree(int8_dir, fallback_dir)
+    add_fp32_fallback(fallback_dir, model, DEFAULT_FALLBACK_MARGIN)
+    specs.append(
+        SystemSpec(PREDICT_INT8_FALLBACK, recipe, overrides, held_out, label_names, 1, model_dir=str(fallback_dir))
+    )
     if backend == "openvino":
         specs.append(
             SystemSpec(PREDICT_INT8_WEIGHTS, recipe, overrides, held_out, label_names, 1, model_dir=str(weights_dir))
@@ -302,7 +312,7 @@ def _int8_backend() -> str | None:
 def _run_children(specs: list[SystemSpec]) -> list[dict[str, Any]]:
     """Run each spec in a fresh process, one after another, with one progress bar over all updates."""
     context = multiprocessing.get_context("spawn")
-    steps = {INFERENCE: 2, PREDICT_FP32: 1, PREDICT_INT8: 1, PREDICT_INT8_WEIGHTS: 1}
+    steps = {INFERENCE: 2, PREDICT_FP32: 1, **dict.fromkeys(PREDICTION_EXPORTS, 1)}
     total = sum(steps.get(spec.system, spec.updates) for spec in specs)
     results = []
     with tqdm(total=total, desc="bench", unit="update", dynamic_ncols=True) as bar:
@@ -379,7 +389,8 @@ def _prediction_rows(fp32: dict[str, Any], exports: list[dict[str, Any]]) -> dic
 
     ``int8_vs_fp32`` is the default export's (``finetune export --int8``);
     ``vs_fp32`` holds every export's, by system name, with how far its class
-    probabilities moved from fp32's. ``near_ties`` counts the reviews whose two
+    probabilities moved from fp32's (and, with an fp32 fallback, how many
+    reviews its fp32 model scored again). ``near_ties`` counts the reviews whose two
     most likely classes fp32 puts within ``NEAR_TIE`` of each other: the labels
     any approximation of the model is likely to flip.
     """
@@ -411,6 +422,8 @@ def _prediction_rows(fp32: dict[str, Any], exports: list[dict[str, Any]]) -> dic
             "max_probability_change": float(np.abs(np.asarray(result["probabilities"]) - base_probabilities).max()),
             "peak_rss_ratio": fast["peak_rss_mib"] / base["peak_rss_mib"],
         }
+        if result.get("rescored_in_fp32"):
+            ratios[result["system"]]["rescored_in_fp32"] = result["rescored_in_fp32"]
     if ratios:
         report["vs_fp32"] = ratios
     if PREDICT_INT8 in ratios:
@@ -472,6 +485,7 @@ def _format_prediction(prediction: dict[str, Any]) -> list[str]:
             f"reviews/s, accuracy {ratios['accuracy_points']:+.1f} points, {ratios['agreement']:.1%} of labels "
             f"agree, probabilities moved {ratios['mean_probability_change']:.4f} on average "
             f"(at most {ratios['max_probability_change']:.3f}), peak RSS {ratios['peak_rss_ratio']:.2f}x"
+            + (f", {ratios['rescored_in_fp32']} reviews scored again in fp32" if "rescored_in_fp32" in ratios else "")
         )
     if "vs_fp32" in prediction:
         lines.append(

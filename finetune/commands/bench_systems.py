@@ -26,6 +26,7 @@ INFERENCE = "inference"
 PREDICT_FP32 = "predict fp32"
 PREDICT_INT8 = "predict int8"
 PREDICT_INT8_WEIGHTS = "predict int8 weights only"
+PREDICT_INT8_FALLBACK = "predict int8 + fp32 fallback"
 
 
 @dataclass
@@ -55,12 +56,8 @@ def run_in_child(spec: SystemSpec, queue: Any) -> None:
 
         warnings.filterwarnings("ignore")
         _quiet()
-        runners = {
-            INFERENCE: _inference,
-            PREDICT_FP32: _predict_folder,
-            PREDICT_INT8: _predict_folder,
-            PREDICT_INT8_WEIGHTS: _predict_folder,
-        }
+        predicting = (PREDICT_FP32, PREDICT_INT8, PREDICT_INT8_FALLBACK, PREDICT_INT8_WEIGHTS)
+        runners = {INFERENCE: _inference, **dict.fromkeys(predicting, _predict_folder)}
         runner = runners.get(spec.system, _train_system)
         queue.put(("result", runner(spec, queue)))
     except BaseException as error:  # the parent turns it into one line
@@ -316,11 +313,14 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     batch_size = run.training.per_device_eval_batch_size
     # One batch first, untimed: the first call pays for lazy initialisation in both runtimes.
     predict_probabilities(model, tokenizer, texts[:batch_size], batch_size=batch_size, encoding=encoding)
+    rescored_before = getattr(model, "rescored", 0)
     started = time.perf_counter()
     probabilities = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, encoding=encoding)
     seconds = time.perf_counter() - started
     queue.put(("progress", 1))
     return {
+        # An int8 export with an fp32 fallback counts the reviews its fp32 model scored again.
+        "rescored_in_fp32": getattr(model, "rescored", 0) - rescored_before,
         "system": spec.system,
         "samples": len(texts),
         "seconds": seconds,

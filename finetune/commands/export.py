@@ -4,7 +4,9 @@ Two backends. ``openvino`` (the default) is static int8, calibrated on reviews
 the model will see: the run's own training reviews, or ``--calibration FILE``;
 with ``--weights_only``, int8 weights and activations quantized at run time in
 small groups, closer to fp32 and slower. ``onnxruntime`` is dynamic int8,
-slower still here, and needs no reviews.
+slower still here, and needs no reviews. With ``--fp32_fallback MARGIN`` (either
+backend) the folder also keeps the fp32 model, which scores again the reviews
+whose int8 top-two probabilities are within ``MARGIN`` (:mod:`finetune.evaluation.fallback`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def export(
     calibration_reviews: int = CALIBRATION_REVIEWS,
     weights_only: bool = False,
     quantize: Callable[[Path, Path], None] | None = None,
+    fp32_fallback: float | None = None,
 ) -> Path:
     """Write an int8 copy of ``model_path`` (a run or checkpoint folder) to ``output`` (default ``<model>-int8``).
 
@@ -42,8 +45,11 @@ def export(
     stores only the weights in int8 and quantizes activations at run time in
     small groups (OpenVINO; closer to fp32, slower, no calibration). ``quantize(fp32_onnx,
     int8_onnx)`` replaces the onnxruntime backend's quantization (for comparing others).
+    ``fp32_fallback`` keeps the fp32 model beside int8 for the reviews whose two
+    likeliest classes int8 puts within that gap of each other.
     """
     from ..evaluation.export import copy_run_record, require_onnx_runtime
+    from ..evaluation.fallback import add_fp32_fallback, check_fallback_margin
     from ..evaluation.inference import load_inference_model
     from ..evaluation.openvino_export import require_openvino
     from ..training.runs import find_run_config, require_model_folder
@@ -60,6 +66,8 @@ def export(
         raise FinetuneError(f"{flag} is for --backend openvino; leave it out with --backend onnxruntime")
     if weights_only and calibration is not None:
         raise FinetuneError("--weights_only needs no calibration reviews; leave out --calibration")
+    if fp32_fallback is not None:
+        check_fallback_margin(fp32_fallback)
     require_openvino() if backend == "openvino" else require_onnx_runtime()
     model_dir = Path(model_path)
     require_model_folder(model_dir)
@@ -92,12 +100,16 @@ def export(
 
             model_file = export_int8(model, tokenizer, output_dir, source=str(model_dir), quantize=quantize)
         copy_run_record(model_dir, output_dir)
+        if fp32_fallback is not None:
+            add_fp32_fallback(output_dir, model, fp32_fallback)
     except BaseException:
         # Half an export is no model: leave nothing a later predict could mistake for one.
         shutil.rmtree(output_dir, ignore_errors=True)
         raise
-    size_mib = sum(path.stat().st_size for path in output_dir.iterdir() if path.is_file()) / 2**20
+    size_mib = sum(path.stat().st_size for path in output_dir.rglob("*") if path.is_file()) / 2**20
     kind = f"{backend}, weights only" if weights_only else backend
+    if fp32_fallback is not None:
+        kind += f", fp32 for reviews whose top two are within {fp32_fallback:g}"
     print(
         f"wrote {model_file} ({kind}, folder {size_mib:.0f} MiB); use it with: finetune predict {output_dir}",
         file=sys.stderr,

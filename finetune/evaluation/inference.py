@@ -13,6 +13,7 @@ from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTok
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
 from ..errors import FinetuneError
 from .export import OnnxClassifier, is_onnx_folder, require_onnx_runtime
+from .fallback import Int8WithFallback, with_fp32_fallback
 from .openvino_export import OpenVinoClassifier, is_openvino_folder, require_openvino
 
 # Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.
@@ -50,9 +51,9 @@ def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]
 
     require_inference_folder(model_dir)
     if is_openvino_folder(model_dir):
-        return OpenVinoClassifier(model_dir), AutoTokenizer.from_pretrained(model_dir)
+        return with_fp32_fallback(model_dir, OpenVinoClassifier(model_dir)), AutoTokenizer.from_pretrained(model_dir)
     if is_onnx_folder(model_dir):
-        return OnnxClassifier(model_dir), AutoTokenizer.from_pretrained(model_dir)
+        return with_fp32_fallback(model_dir, OnnxClassifier(model_dir)), AutoTokenizer.from_pretrained(model_dir)
     # The "Loading weights" bar would interleave with predictions and error lines on stderr.
     showing_bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -77,9 +78,13 @@ def predict_probabilities(
     ``sliding_window`` as overlapping windows whose logits are averaged).
     Rows are sorted by length so each batch pads only to its own longest
     (padding is wasted compute), and run under ``inference_mode``.
+    An int8 export with an fp32 fallback scores every text in int8, then its
+    close calls again in fp32 (:mod:`.fallback`).
     """
     check_batch_size(batch_size)
     encoding = encoding or ReviewEncoding()
+    if isinstance(model, Int8WithFallback):
+        return _with_fallback(model, tokenizer, list(texts), batch_size, encoding)
     # A datasets Column or a pandas Series is not a list, and tokenizers take only lists.
     texts = list(texts)
     if encoding.sliding_window:
@@ -93,6 +98,24 @@ def predict_probabilities(
     counts = np.bincount(owners, minlength=len(texts))[:, None]
     review_logits = torch.from_numpy(summed / counts)
     return torch.softmax(review_logits, dim=-1).numpy().astype(np.float32)
+
+
+def _with_fallback(
+    model: Int8WithFallback,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    batch_size: int,
+    encoding: ReviewEncoding,
+) -> np.ndarray:
+    """Int8 probabilities, with the close calls' rows replaced by the fp32 model's."""
+    probabilities = predict_probabilities(model.int8, tokenizer, texts, batch_size, encoding)
+    close = model.close_calls(probabilities)
+    if close.size:
+        # Whole reviews are scored again, so a sliding-window review's windows are averaged in fp32 too.
+        rescored = [texts[index] for index in close]
+        probabilities[close] = predict_probabilities(model.fp32, tokenizer, rescored, batch_size, encoding)
+        model.rescored += int(close.size)
+    return probabilities
 
 
 def _logits(
