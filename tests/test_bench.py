@@ -66,6 +66,7 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
     fallback = prediction["vs_fp32"]["predict int8 + fp32 fallback"]
     assert fallback["agreement"] >= ratios["agreement"]
     assert fallback["mean_probability_change"] <= ratios["mean_probability_change"]
+    assert 0 <= fallback["rescored_in_fp32"] <= 111
     weights = prediction["vs_fp32"]["predict int8 weights only"]
     assert weights["speedup"] > 0 and 0.0 <= weights["agreement"] <= 1.0 and weights["backend"] == "openvino"
     text = capsys.readouterr().out
@@ -136,7 +137,7 @@ def test_flop_count_by_hand():
 
 def test_prediction_rows_by_hand():
     """Agreement, probability change and near ties of a made-up fp32 / int8 pair, worked out by hand."""
-    from finetune.commands.bench import _prediction_rows
+    from finetune.commands.bench import _format_prediction, _prediction_rows
 
     def result(system, probabilities, seconds):
         return {
@@ -164,3 +165,11 @@ def test_prediction_rows_by_hand():
     # |change| per entry: 0.1, 0.1 (review 0), 0.04, 0.04 (review 2), the rest 0: mean 0.28 / 8.
     assert ratios["mean_probability_change"] == pytest.approx(0.035)
     assert ratios["max_probability_change"] == pytest.approx(0.1)
+    assert "rescored_in_fp32" not in ratios
+
+    # With an fp32 fallback, the count of reviews it scored again is reported, a zero included.
+    fallback = {**result("predict int8 + fp32 fallback", fp32["probabilities"], 1.0), "rescored_in_fp32": 0}
+    report = _prediction_rows(fp32, [int8, fallback])
+    assert report["vs_fp32"]["predict int8 + fp32 fallback"]["rescored_in_fp32"] == 0
+    assert report["vs_fp32"]["predict int8 + fp32 fallback"]["agreement"] == 1.0
+    assert "0 reviews scored again in fp32" in "\n".join(_format_prediction(report))

@@ -422,7 +422,7 @@ def _prediction_rows(fp32: dict[str, Any], exports: list[dict[str, Any]]) -> dic
             "max_probability_change": float(np.abs(np.asarray(result["probabilities"]) - base_probabilities).max()),
             "peak_rss_ratio": fast["peak_rss_mib"] / base["peak_rss_mib"],
         }
-        if result.get("rescored_in_fp32"):
+        if result.get("rescored_in_fp32") is not None:
             ratios[result["system"]]["rescored_in_fp32"] = result["rescored_in_fp32"]
     if ratios:
         report["vs_fp32"] = ratios

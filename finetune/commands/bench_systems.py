@@ -313,6 +313,9 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     batch_size = run.training.per_device_eval_batch_size
     # One batch first, untimed: the first call pays for lazy initialisation in both runtimes.
     predict_probabilities(model, tokenizer, texts[:batch_size], batch_size=batch_size, encoding=encoding)
+    if hasattr(model, "fp32"):
+        # An fp32 fallback's own first call is as lazy, and that batch may hold no close call.
+        predict_probabilities(model.fp32, tokenizer, texts[:batch_size], batch_size=batch_size, encoding=encoding)
     rescored_before = getattr(model, "rescored", 0)
     started = time.perf_counter()
     probabilities = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, encoding=encoding)
@@ -320,7 +323,7 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     queue.put(("progress", 1))
     return {
         # An int8 export with an fp32 fallback counts the reviews its fp32 model scored again.
-        "rescored_in_fp32": getattr(model, "rescored", 0) - rescored_before,
+        "rescored_in_fp32": model.rescored - rescored_before if hasattr(model, "fp32") else None,
         "system": spec.system,
         "samples": len(texts),
         "seconds": seconds,
