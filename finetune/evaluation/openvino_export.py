@@ -8,13 +8,15 @@ per-batch work; NNCF's transformer mode also applies SmoothQuant (moving
 activation outliers into the weights), without which 5% of drugscom's test
 labels changed. Weight-only int8 quantizes activations at run time in small
 groups instead: no calibration, closer to fp32, slower. In ``finetune bench``
-on 2 cores, static int8 ran 2.55x (quickstart) and 3.02x (drugscom) fp32
-PyTorch's reviews/s with 99.1% and 99.5% of labels unchanged; weight-only 2.10x
-and 2.25x with 99.1% and 99.5% (README, "Fast prediction").
+on 2 cores, static int8 ran 2.38-2.82x fp32 PyTorch's reviews/s on the three
+drugscom seed models with 97.4-99.2% of labels unchanged, and 2.63x with 99.1%
+on the quickstart; weight-only 1.98-2.29x with 98.4-99.5% (README, "Fast
+prediction"). The labels it changes are near ties, which an fp32 fallback
+(:mod:`.fallback`) scores again.
 
 The folder it writes holds ``openvino_model.xml`` / ``.bin``, the model's
 ``config.json`` (labels), its tokenizer, ``export.json`` (how it was made) and
-the run's ``finetune_run.json``, so ``finetune predict`` and ``finetune
+the run's ``finetune_run.json`` (and ``fp32/`` with a fallback), so ``finetune predict`` and ``finetune
 evaluate`` read it like any model folder (:class:`OpenVinoClassifier` stands
 in for the PyTorch model).
 """
