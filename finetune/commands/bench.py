@@ -35,6 +35,7 @@ from .bench_systems import (
     PREDICT_INT8,
     PREDICT_INT8_FALLBACK,
     PREDICT_INT8_WEIGHTS,
+    PREDICTION_EXPORTS,
     REVIEW_TRAINER,
     STOCK_TRAINER,
     SystemSpec,
@@ -42,7 +43,6 @@ from .bench_systems import (
 )
 
 TRAINING_SYSTEMS = (REVIEW_TRAINER, STOCK_TRAINER, CLASSIC_LOOP)
-PREDICTION_EXPORTS = (PREDICT_INT8, PREDICT_INT8_FALLBACK, PREDICT_INT8_WEIGHTS)
 MEMORY_ACCUMULATION_STEPS = (1, 4, 16)
 MIB = 1024 * 1024
 # Two classes' fp32 probabilities closer than this make a "near tie" in the prediction report.
@@ -396,9 +396,10 @@ def _prediction_rows(fp32: dict[str, Any], exports: list[dict[str, Any]]) -> dic
     """
     import numpy as np
 
+    from ..evaluation.fallback import top_two_gap
+
     labels = np.asarray(fp32["labels"])
     base_probabilities = np.asarray(fp32["probabilities"])
-    top_two = np.sort(base_probabilities, axis=-1)[:, -2:]
     rows = {}
     for result in (fp32, *exports):
         rows[result["system"]] = {
@@ -408,18 +409,19 @@ def _prediction_rows(fp32: dict[str, Any], exports: list[dict[str, Any]]) -> dic
             "accuracy": float(np.mean(np.asarray(result["predictions"]) == labels)),
             "peak_rss_mib": result["peak_rss_bytes"] / MIB,
         }
-    report: dict[str, Any] = {"systems": rows, "near_ties": int(np.sum(top_two[:, 1] - top_two[:, 0] < NEAR_TIE))}
+    report: dict[str, Any] = {"systems": rows, "near_ties": int(np.sum(top_two_gap(base_probabilities) < NEAR_TIE))}
     base = rows[PREDICT_FP32]
     ratios = {}
     for result in exports:
         fast = rows[result["system"]]
+        change = np.abs(np.asarray(result["probabilities"]) - base_probabilities)
         ratios[result["system"]] = {
             "backend": result.get("backend"),
             "speedup": fast["reviews_per_second"] / base["reviews_per_second"],
             "accuracy_points": 100 * (fast["accuracy"] - base["accuracy"]),
             "agreement": float(np.mean(np.asarray(result["predictions"]) == np.asarray(fp32["predictions"]))),
-            "mean_probability_change": float(np.abs(np.asarray(result["probabilities"]) - base_probabilities).mean()),
-            "max_probability_change": float(np.abs(np.asarray(result["probabilities"]) - base_probabilities).max()),
+            "mean_probability_change": float(change.mean()),
+            "max_probability_change": float(change.max()),
             "peak_rss_ratio": fast["peak_rss_mib"] / base["peak_rss_mib"],
         }
         if result.get("rescored_in_fp32") is not None:

@@ -27,6 +27,7 @@ PREDICT_FP32 = "predict fp32"
 PREDICT_INT8 = "predict int8"
 PREDICT_INT8_WEIGHTS = "predict int8 weights only"
 PREDICT_INT8_FALLBACK = "predict int8 + fp32 fallback"
+PREDICTION_EXPORTS = (PREDICT_INT8, PREDICT_INT8_FALLBACK, PREDICT_INT8_WEIGHTS)
 
 
 @dataclass
@@ -56,8 +57,7 @@ def run_in_child(spec: SystemSpec, queue: Any) -> None:
 
         warnings.filterwarnings("ignore")
         _quiet()
-        predicting = (PREDICT_FP32, PREDICT_INT8, PREDICT_INT8_FALLBACK, PREDICT_INT8_WEIGHTS)
-        runners = {INFERENCE: _inference, **dict.fromkeys(predicting, _predict_folder)}
+        runners = {INFERENCE: _inference, **dict.fromkeys((PREDICT_FP32, *PREDICTION_EXPORTS), _predict_folder)}
         runner = runners.get(spec.system, _train_system)
         queue.put(("result", runner(spec, queue)))
     except BaseException as error:  # the parent turns it into one line
@@ -303,6 +303,7 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
 
     from ..config.recipes import load_recipe
     from ..data.encoding import ReviewEncoding
+    from ..evaluation.fallback import Int8WithFallback
     from ..evaluation.inference import load_inference_model, predict_probabilities
 
     run = load_recipe(spec.recipe, [*spec.overrides, "--output_dir", _scratch_dir(spec)])
@@ -313,17 +314,18 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     batch_size = run.training.per_device_eval_batch_size
     # One batch first, untimed: the first call pays for lazy initialisation in both runtimes.
     predict_probabilities(model, tokenizer, texts[:batch_size], batch_size=batch_size, encoding=encoding)
-    if hasattr(model, "fp32"):
+    fallback = isinstance(model, Int8WithFallback)
+    if fallback:
         # An fp32 fallback's own first call is as lazy, and that batch may hold no close call.
         predict_probabilities(model.fp32, tokenizer, texts[:batch_size], batch_size=batch_size, encoding=encoding)
-    rescored_before = getattr(model, "rescored", 0)
+    rescored_before = model.rescored if fallback else 0
     started = time.perf_counter()
     probabilities = predict_probabilities(model, tokenizer, texts, batch_size=batch_size, encoding=encoding)
     seconds = time.perf_counter() - started
     queue.put(("progress", 1))
     return {
         # An int8 export with an fp32 fallback counts the reviews its fp32 model scored again.
-        "rescored_in_fp32": model.rescored - rescored_before if hasattr(model, "fp32") else None,
+        "rescored_in_fp32": model.rescored - rescored_before if fallback else None,
         "system": spec.system,
         "samples": len(texts),
         "seconds": seconds,

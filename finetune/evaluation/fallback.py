@@ -75,25 +75,15 @@ class Int8WithFallback:
         return np.flatnonzero(top_two_gap(probabilities) < self.margin)
 
 
-def with_fp32_fallback(folder: Path, int8: Any) -> Any:
-    """``int8`` wrapped with the folder's fp32 model when its export.json asks for a fallback, else ``int8``."""
+def read_fallback(folder: Path) -> tuple[Path, float] | None:
+    """The fp32 model's folder and the margin, when the export in ``folder`` was made with a fallback."""
     fallback = read_export_record(folder).get("fp32_fallback")
     if not fallback:
-        return int8
+        return None
     fp32_dir = folder / fallback.get("folder", FALLBACK_FOLDER)
     if not (fp32_dir / "model.safetensors").is_file():
         raise FinetuneError(
             f"{folder}'s export.json asks for an fp32 fallback but {fp32_dir}/model.safetensors is missing; "
             "export again with --fp32_fallback, or remove 'fp32_fallback' from export.json to use int8 alone"
         )
-    from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
-
-    showing_bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        fp32 = AutoModelForSequenceClassification.from_pretrained(fp32_dir, use_safetensors=True)
-    finally:
-        if showing_bars:
-            hf_logging.enable_progress_bar()
-    return Int8WithFallback(int8, fp32.eval(), fallback["margin"])
+    return fp32_dir, fallback["margin"]

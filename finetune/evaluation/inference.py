@@ -13,7 +13,7 @@ from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTok
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
 from ..errors import FinetuneError
 from .export import OnnxClassifier, is_onnx_folder, require_onnx_runtime
-from .fallback import Int8WithFallback, with_fp32_fallback
+from .fallback import Int8WithFallback, read_fallback
 from .openvino_export import OpenVinoClassifier, is_openvino_folder, require_openvino
 
 # Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.
@@ -45,24 +45,37 @@ def require_inference_folder(model_dir: Path) -> None:
 
 
 def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]:
-    """The classifier in ``model_dir`` (PyTorch, or OpenVINO / ONNX Runtime for an int8 export) and its tokenizer."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    """The classifier in ``model_dir`` (PyTorch, or OpenVINO / ONNX Runtime for an int8 export) and its tokenizer.
+
+    An int8 export made with ``--fp32_fallback`` comes wrapped with its fp32 model (:mod:`.fallback`).
+    """
+    from transformers import AutoTokenizer
 
     require_inference_folder(model_dir)
-    if is_openvino_folder(model_dir):
-        return with_fp32_fallback(model_dir, OpenVinoClassifier(model_dir)), AutoTokenizer.from_pretrained(model_dir)
-    if is_onnx_folder(model_dir):
-        return with_fp32_fallback(model_dir, OnnxClassifier(model_dir)), AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not is_exported_folder(model_dir):
+        return _load_pytorch_classifier(model_dir), tokenizer
+    int8 = OpenVinoClassifier(model_dir) if is_openvino_folder(model_dir) else OnnxClassifier(model_dir)
+    fallback = read_fallback(model_dir)
+    if fallback is None:
+        return int8, tokenizer
+    fp32_dir, margin = fallback
+    return Int8WithFallback(int8, _load_pytorch_classifier(fp32_dir).eval(), margin), tokenizer
+
+
+def _load_pytorch_classifier(folder: Path) -> PreTrainedModel:
+    """The PyTorch classifier saved in ``folder`` (safetensors only), loaded without a progress bar."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
     # The "Loading weights" bar would interleave with predictions and error lines on stderr.
     showing_bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(model_dir, use_safetensors=True)
+        return AutoModelForSequenceClassification.from_pretrained(folder, use_safetensors=True)
     finally:
         if showing_bars:
             hf_logging.enable_progress_bar()
-    return model, AutoTokenizer.from_pretrained(model_dir)
 
 
 def predict_probabilities(
