@@ -7,7 +7,7 @@ ones that once failed). The cases, by family:
   where one value goes, a negative or NaN learning rate, batch sizes of 0, zero epochs, adam_epsilon 0,
   both spellings of n among the flags, an empty output_dir, a UTF-16, Latin-1 or binary recipe,
   --folds 1, --folds with --seeds, a cross-validation fold without its folds or out of range;
-- data: a missing file or column, no rows, 0 bytes, Latin-1, UTF-16 or random bytes, a column named
+- data: a missing file or column, an unclosed quote, no rows, 0 bytes, Latin-1, UTF-16 or random bytes, a column named
   twice, two train files in dataset_dir, true/false labels (with and without label_bins), a class
   with no training review, every row dropped, a bad row under strict, two sources, an unknown
   dataset, the Hub offline, a label that is no class, an unwritable datasets cache, FINETUNE_CACHE a file;
@@ -24,7 +24,8 @@ ones that once failed). The cases, by family:
 - evaluate and predict: batch sizes of 0 and -1 (from the command line and from Python), --output
   into a missing or unwritable folder or one that cannot be opened, a checkpoint without weights, an
   empty folder, a missing input, an unquoted comma, a Latin-1 or UTF-16 input file, Latin-1 on stdin,
-  an endless line on stdin, a CSV field over the length cap, a failure part-way through a stream,
+  an endless line on stdin, a CSV field over the length cap, an unclosed quote, an input folder, an
+  --output of an unknown type, a failure part-way through a stream,
   --calibrate on a run trained without a validation split.
 """
 
@@ -126,6 +127,13 @@ def test_missing_label_column(tmp_path, tiny_model_dir, capsys):
     assert "has no column 'rating'" in message and "set label_column" in message
 
 
+def test_train_file_with_an_unclosed_quote(tmp_path, tiny_model_dir, capsys):
+    write_csv(tmp_path / "train.csv", GOOD_ROWS + '"a quote never closed,4\nfine,3\n')
+    message = run_cli(["train", recipe_with(tmp_path, tiny_model_dir)], capsys)
+    assert message.startswith(f"error: cannot read {tmp_path / 'train.csv'}: Error tokenizing data.")
+    assert "EOF inside string" in message and message.endswith("; check for an unclosed quote")
+
+
 def test_empty_dataset(tmp_path, tiny_model_dir, capsys):
     write_csv(tmp_path / "train.csv", "review,stars\n")
     assert "has no rows" in run_cli(["train", recipe_with(tmp_path, tiny_model_dir)], capsys)
@@ -224,6 +232,29 @@ def test_predict_row_with_unquoted_commas(tiny_model_dir, tmp_path, capsys):
     write_csv(tmp_path / "in.csv", "review\nBroke after two days, returned it.\n")
     message = run_cli(["predict", tiny_model_dir, "--input", tmp_path / "in.csv"], capsys)
     assert "row 2 has more fields than the header; quote texts that contain commas" in message
+
+
+def test_predict_unclosed_quote_is_refused_not_swallowing_the_rows_after_it(tiny_model_dir, tmp_path, capsys):
+    # Without csv's strict mode the quote runs to the end of the file: three reviews became one.
+    write_csv(tmp_path / "in.csv", 'review\n"Broke after two days\nGreat value\nWorks fine\n')
+    message = run_cli(["predict", tiny_model_dir, "--input", tmp_path / "in.csv"], capsys)
+    assert "in.csv row 2: unexpected end of data" in message
+    assert "check for an unclosed quote" in message
+
+
+def test_predict_input_that_is_a_folder(tiny_model_dir, tmp_path, capsys):
+    assert run_cli(["predict", tiny_model_dir, "--input", tmp_path], capsys) == (
+        f"error: --input {tmp_path} is a folder; pass a CSV, TSV or JSONL file in it"
+    )
+
+
+def test_predict_output_of_an_unknown_type_is_refused_before_anything_is_written(tiny_model_dir, tmp_path, capsys):
+    write_csv(tmp_path / "in.csv", "review\nfine\n")
+    output = tmp_path / "out.parquet"
+    assert run_cli(["predict", tiny_model_dir, "--input", tmp_path / "in.csv", "--output", output], capsys) == (
+        f"error: --output {output}: unknown file type .parquet; end it in .csv, .tsv or .jsonl"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.csv"]
 
 
 @pytest.mark.parametrize("argv", [["train", "missing.yaml"], ["evaluate", "/nonexistent/run"]])

@@ -102,3 +102,21 @@ def test_stdin_lines_are_answered_as_they_arrive(tiny_model_dir):
         assert process.wait(timeout=60) == 0
     finally:
         process.kill()
+
+
+def test_tsv_output_is_tab_separated_and_a_tsv_input_answers_in_kind(tiny_model_dir, tmp_path):
+    import csv
+
+    from finetune.commands.predict import predict
+
+    (tmp_path / "in.csv").write_text('review\n"fine, really"\nbroke\n', encoding="utf-8")
+    predict(str(tiny_model_dir), str(tmp_path / "in.csv"), str(tmp_path / "out.tsv"))
+    with (tmp_path / "out.tsv").open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    assert [row["review"] for row in rows] == ["fine, really", "broke"]
+    assert all(row["label"] for row in rows)
+
+    # With no extension on --output, the answer takes the input's format.
+    (tmp_path / "in.tsv").write_text("review\tnote\nfine\tx\n", encoding="utf-8")
+    predict(str(tiny_model_dir), str(tmp_path / "in.tsv"), str(tmp_path / "answers"))
+    assert (tmp_path / "answers").read_text(encoding="utf-8").splitlines()[0].startswith("review\tnote\tlabel\t")

@@ -31,6 +31,8 @@ READ_ROWS = 1024
 # The model reads a few hundred tokens; a "review" of more characters than this is a broken
 # file or an endless stream (predict < /dev/zero), not a review.
 MAX_REVIEW_CHARS = 100_000
+# What --output's extension asks for; with no extension, the input's format.
+OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
 
 
 def predict(
@@ -172,6 +174,8 @@ def _open_rows(input_path: str | None) -> tuple[_Rows, str]:
             sys.stdin.reconfigure(encoding="utf-8")  # the locale's encoding is not the file's
         return _Rows(_stdin_rows(sys.stdin), sys.stdin, is_stdin=True), "csv"
     path = Path(input_path)
+    if path.is_dir():
+        raise FinetuneError(f"--input {input_path} is a folder; pass a CSV, TSV or JSONL file in it")
     if not path.is_file():
         raise FinetuneError(f"input file not found: {input_path}; check the path")
     suffix = path.suffix.lower()
@@ -183,7 +187,8 @@ def _open_rows(input_path: str | None) -> tuple[_Rows, str]:
         raise FinetuneError(f"{input_path} {problem}")
     if suffix in (".csv", ".tsv"):
         handle = path.open(newline="", encoding="utf-8-sig")
-        return _Rows(_csv_rows(handle, input_path, "\t" if suffix == ".tsv" else ","), handle, False), "csv"
+        delimiter = "\t" if suffix == ".tsv" else ","
+        return _Rows(_csv_rows(handle, input_path, delimiter), handle, False), suffix.lstrip(".")
     handle = path.open(encoding="utf-8")
     return _Rows(_jsonl_rows(handle, input_path), handle, False), "jsonl"
 
@@ -221,7 +226,8 @@ def _csv_rows(handle: IO[str], input_path: str, delimiter: str) -> Iterator[dict
     limit = csv.field_size_limit()
     csv.field_size_limit(MAX_REVIEW_CHARS)
     try:
-        reader = csv.DictReader(handle, delimiter=delimiter)
+        # strict: an unclosed quote is an error, not a field that swallows every row after it.
+        reader = csv.DictReader(handle, delimiter=delimiter, strict=True)
         row_number = 1
         while True:
             try:
@@ -231,7 +237,7 @@ def _csv_rows(handle: IO[str], input_path: str, delimiter: str) -> Iterator[dict
             except csv.Error as error:
                 raise FinetuneError(
                     f"{input_path} row {row_number + 1}: {error}; a field may hold at most {MAX_REVIEW_CHARS:,} "
-                    "characters (check for an unclosed quote) "
+                    "characters (check for an unclosed quote)"
                 )
             row_number += 1
             if None in row:  # DictReader files surplus fields under None
@@ -291,7 +297,9 @@ class _Output:
             self.format, self.handle, self.partial = "csv", sys.stdout, None
             return
         suffix = self.path.suffix.lower()
-        self.format = "jsonl" if suffix in (".jsonl", ".json") else "csv" if suffix else input_format
+        if suffix and suffix not in OUTPUT_FORMATS:
+            raise FinetuneError(f"--output {output_path}: unknown file type {suffix}; end it in .csv, .tsv or .jsonl")
+        self.format = OUTPUT_FORMATS[suffix] if suffix else input_format
         self.partial = self.path.with_name(f".{self.path.name}.partial")
         try:
             self.handle = self.partial.open("w", newline="", encoding="utf-8")
@@ -309,7 +317,12 @@ class _Output:
         else:
             if self.writer is None:
                 # Rows of a JSONL input may differ in keys: the first row's columns, missing ones left empty.
-                self.writer = csv.DictWriter(self.handle, fieldnames=list(results[0]), extrasaction="ignore")
+                self.writer = csv.DictWriter(
+                    self.handle,
+                    fieldnames=list(results[0]),
+                    extrasaction="ignore",
+                    delimiter="\t" if self.format == "tsv" else ",",
+                )
                 self.writer.writeheader()
             self.writer.writerows(results)
         self.handle.flush()

@@ -150,7 +150,14 @@ def _read_error(path: Path, error: Exception) -> FinetuneError:
         problem = file_encoding_problem(path)
         if problem is not None:
             return FinetuneError(f"{path} {problem}")
-    return FinetuneError(f"cannot read {path}: {_first_line(error)}; check its format")
+    # datasets wraps the reader's own complaint ("An error occurred while generating the dataset"):
+    # the innermost one says what is wrong with the file.
+    cause: BaseException = error
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    if "EOF inside string" in str(cause):
+        return FinetuneError(f"cannot read {path}: {_first_line(cause)}; check for an unclosed quote")
+    return FinetuneError(f"cannot read {path}: {_first_line(cause)}; check its format")
 
 
 def _unwritable_cache(error: BaseException, path: Path) -> FinetuneError | None:
