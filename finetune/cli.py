@@ -163,6 +163,29 @@ def _check_output_folder(output: str) -> None:
         )
 
 
+def resample_count(text: str) -> int:
+    """An argparse type: bootstrap resamples, 1 to ``MAX_RESAMPLES``."""
+    from .evaluation.bootstrap import MAX_RESAMPLES
+
+    value = positive_int(text)
+    if value > MAX_RESAMPLES:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_RESAMPLES:,} (got {value:,}); past that a 95% interval no longer moves"
+        )
+    return value
+
+
+def seed_int(text: str) -> int:
+    """An argparse type: a random seed, a whole number >= 0 (numpy refuses negative seeds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number >= 1 (a batch of 0 or -1 reviews is a mistake, not a setting)."""
     try:
@@ -214,9 +237,9 @@ def build_cli() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch_size", type=positive_int, default=32)
     evaluate.add_argument("--no_baseline", action="store_true", help="skip the TF-IDF baseline row")
     evaluate.add_argument(
-        "--resamples", type=positive_int, default=1000, help="bootstrap resamples for the 95%% intervals"
+        "--resamples", type=resample_count, default=1000, help="bootstrap resamples for the 95%% intervals"
     )
-    evaluate.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples (default: 0)")
+    evaluate.add_argument("--seed", type=seed_int, default=0, help="seed of the bootstrap resamples (default: 0)")
     evaluate.add_argument(
         "--calibrate",
         action="store_true",

@@ -25,7 +25,8 @@ ones that once failed). The cases, by family:
   into a missing or unwritable folder or one that cannot be opened, a checkpoint without weights, an
   empty folder, a missing input, an unquoted comma, a Latin-1 or UTF-16 input file, Latin-1 on stdin,
   an endless line on stdin, a CSV field over the length cap, an unclosed quote, an input folder, an
-  --output of an unknown type, a failure part-way through a stream,
+  --output of an unknown type, ten million bootstrap resamples or a negative bootstrap seed, one
+  run named twice, a failure part-way through a stream,
   --calibrate on a run trained without a validation split.
 """
 
@@ -892,6 +893,29 @@ def test_calibrate_without_a_validation_split_is_refused_before_anything_is_writ
     # Scoring a split the run does not have names the ones it has.
     assert run_cli(["evaluate", tmp_path / "run", "--split", "validation"], capsys) == (
         "error: the run's data has no 'validation' split (it has train); pass --data FILE"
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        (["--resamples", "10000000"], "argument --resamples: at most 1,000,000 (got 10,000,000)"),
+        (["--seed", "-3"], "argument --seed: must be >= 0 (got -3)"),
+    ],
+    ids=["ten-million-resamples", "negative-seed"],
+)
+def test_evaluate_bootstrap_flags_out_of_range(tiny_model_dir, capsys, flag, expected):
+    # Ten million resamples of even 111 reviews once took more memory than the machine has (killed).
+    assert expected in run_cli(["evaluate", tiny_model_dir, *flag], capsys)
+
+
+def test_evaluate_the_same_run_twice(tiny_model_dir, tmp_path, capsys):
+    assert run_cli(["evaluate", tiny_model_dir, tiny_model_dir], capsys) == (
+        f"error: {tiny_model_dir} is named twice; name each run once"
+    )
+    (tmp_path / "link").symlink_to(tiny_model_dir)
+    assert run_cli(["evaluate", tiny_model_dir, tmp_path / "link"], capsys) == (
+        f"error: {tmp_path / 'link'} is named twice (as {tiny_model_dir} too); name each run once"
     )
 
 

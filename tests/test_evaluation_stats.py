@@ -30,7 +30,12 @@ def _predictions_and_labels(num_samples: int = 111, seed: int = 3) -> tuple[np.n
     return predictions, labels
 
 
-def test_fixed_seed_gives_the_interval_scikit_learn_gives_on_the_same_resamples():
+# The default draws the 300 resamples in one block; 1,000 cells a block draws them 9 at a time
+# (the last block short), as a million resamples are drawn: the same resamples either way.
+@pytest.mark.parametrize("chunk_cells", [None, 1_000], ids=["one-block", "blocks-of-9"])
+def test_fixed_seed_gives_the_interval_scikit_learn_gives_on_the_same_resamples(monkeypatch, chunk_cells):
+    if chunk_cells is not None:
+        monkeypatch.setattr("finetune.evaluation.bootstrap.CHUNK_CELLS", chunk_cells)
     predictions, labels = _predictions_and_labels()
     intervals = score_intervals(predictions, labels, NAMES, resamples=300, seed=7)
     # By hand: the documented resamples, each scored by scikit-learn, then numpy's percentiles.

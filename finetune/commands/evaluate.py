@@ -54,6 +54,12 @@ def evaluate(
     folder = Path(paths[0])
     if len(paths) > 1:
         models = [Path(given) for given in paths]
+        seen: dict[Path, Path] = {}
+        for model_dir in models:
+            first = seen.setdefault(model_dir.resolve(), model_dir)
+            if first is not model_dir:
+                also = "" if str(first) == str(model_dir) else f" (as {first} too)"
+                raise FinetuneError(f"{model_dir} is named twice{also}; name each run once")
         if calibrate:
             raise FinetuneError("--calibrate takes one run; calibrate each run on its own")
     else:

@@ -15,19 +15,41 @@ predicted and no true review of a class counts 0, as scikit-learn's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 RESAMPLES = 1000
+# Past a million resamples a 95% interval's ends stop moving; the flag is refused above it.
+MAX_RESAMPLES = 1_000_000
 CONFIDENCE = 0.95
 SEED = 0
+# Indices are drawn and scored this many (resample, review) cells at a time (~64 MiB of int64), so
+# memory stays flat however many resamples or reviews; the draws are the same as in one block.
+CHUNK_CELLS = 8_000_000
 
 
-def resample_indices(num_samples: int, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
-    """``(resamples, num_samples)`` review indices drawn with replacement, seeded."""
-    return np.random.default_rng(seed).integers(0, num_samples, size=(resamples, num_samples))
+def resample_indices(num_samples: int, resamples: int = RESAMPLES, seed: int = SEED) -> Iterator[np.ndarray]:
+    """Review indices drawn with replacement, seeded: ``(rows, num_samples)`` blocks, ``resamples`` rows in all.
+
+    The blocks together are ``default_rng(seed).integers(0, num_samples, size=(resamples, num_samples))``.
+    """
+    rng = np.random.default_rng(seed)
+    rows_per_block = max(1, CHUNK_CELLS // max(num_samples, 1))
+    for start in range(0, resamples, rows_per_block):
+        yield rng.integers(0, num_samples, size=(min(rows_per_block, resamples - start), num_samples))
+
+
+def bootstrap_scores(
+    predictions: Sequence[Any], labels: Any, num_labels: int, resamples: int = RESAMPLES, seed: int = SEED
+) -> list[dict[str, np.ndarray]]:
+    """:func:`resampled_scores` of each of ``predictions`` (one per model) on the same seeded resamples."""
+    blocks: list[list[dict[str, np.ndarray]]] = [[] for _ in predictions]
+    for indices in resample_indices(len(labels), resamples, seed):
+        for scores, model_predictions in zip(blocks, predictions):
+            scores.append(resampled_scores(model_predictions, labels, num_labels, indices))
+    return [{name: np.concatenate([block[name] for block in scores]) for name in scores[0]} for scores in blocks]
 
 
 def resampled_scores(predictions: Any, labels: Any, num_labels: int, indices: np.ndarray) -> dict[str, np.ndarray]:
@@ -67,8 +89,7 @@ def score_intervals(
     confidence: float = CONFIDENCE,
 ) -> dict[str, Any]:
     """Percentile bootstrap intervals of accuracy, macro-F1 and each class's F1, with how they were made."""
-    indices = resample_indices(len(labels), resamples, seed)
-    scores = resampled_scores(predictions, labels, len(label_names), indices)
+    (scores,) = bootstrap_scores([predictions], labels, len(label_names), resamples, seed)
     return {
         "method": "percentile bootstrap",
         "confidence": confidence,
@@ -100,9 +121,7 @@ def paired_comparison(
     from scipy.stats import binomtest
 
     labels = np.asarray(labels)
-    indices = resample_indices(len(labels), resamples, seed)
-    best = resampled_scores(best_predictions, labels, num_labels, indices)
-    other = resampled_scores(other_predictions, labels, num_labels, indices)
+    best, other = bootstrap_scores([best_predictions, other_predictions], labels, num_labels, resamples, seed)
     best_right = np.asarray(best_predictions) == labels
     other_right = np.asarray(other_predictions) == labels
     # McNemar: only the reviews exactly one of the two gets right say anything about which is better.
