@@ -6,7 +6,8 @@ ones that once failed). The cases, by family:
 - recipe and flags: a missing recipe, broken YAML, an unknown key, n = 0, a key given twice, a list
   where one value goes, a negative or NaN learning rate, batch sizes of 0, zero epochs, adam_epsilon 0,
   both spellings of n among the flags, an empty output_dir, a UTF-16, Latin-1 or binary recipe,
-  --folds 1, --folds with --seeds, a cross-validation fold without its folds or out of range;
+  --folds 1, --folds with --seeds, a negative seed or data_seed, --seeds past the largest seed,
+  label smoothing past 1, a cross-validation fold without its folds or out of range;
 - data: a missing file or column, an unclosed quote, no rows, 0 bytes, Latin-1, UTF-16 or random bytes, a column named
   twice, two train files in dataset_dir, true/false labels (with and without label_bins), a class
   with no training review, every row dropped, a bad row under strict, two sources, an unknown
@@ -355,6 +356,19 @@ def unwritable_folder(tmp_path: Path) -> Path:
             [],
             "cross_validation_fold must be between 0 and 4 (got 5) for 5 folds",
         ),
+        # Each was once a traceback: numpy's seeding, and torch's loss at the first batch.
+        ({"seed": -1}, [], "seed must be a whole number from 0 to 4294967295 (got -1); pass --seed 42"),
+        ({}, ["--data_seed", "-1"], "data_seed must be a whole number from 0 to 4294967295 (got -1)"),
+        (
+            {"seed": 4294967295},
+            ["--seeds", "2"],
+            "--seeds 2 from seed 4294967295 passes the largest seed, 4294967295; pass a smaller --seed",
+        ),
+        (
+            {"label_smoothing_factor": 1.5},
+            [],
+            "label_smoothing_factor must be in [0, 1) (got 1.5); try 0.1, or 0 for none",
+        ),
     ],
     ids=[
         "lr-nan",
@@ -371,6 +385,10 @@ def unwritable_folder(tmp_path: Path) -> Path:
         "folds-and-seeds",
         "fold-without-folds",
         "fold-out-of-range",
+        "seed-negative",
+        "data-seed-negative",
+        "seeds-past-the-largest",
+        "label-smoothing-past-1",
     ],
 )
 def test_recipe_values_refused_before_anything_is_read(tmp_path, tiny_model_dir, capsys, fields, flags, message):

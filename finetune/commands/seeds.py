@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..config.arguments import MAX_SEED
 from ..errors import FinetuneError
 from .repeats import Repeat, run_repeats
 
@@ -26,6 +27,10 @@ def train_seeds(recipe: str | None, overrides: list[str] | None, seeds: int) -> 
     run = load_recipe(recipe, overrides)  # every flag checked before the first run starts
     folder = Path(run.training.output_dir)
     first_seed = run.training.seed
+    if first_seed + seeds - 1 > MAX_SEED:
+        raise FinetuneError(
+            f"--seeds {seeds} from seed {first_seed} passes the largest seed, {MAX_SEED}; pass a smaller --seed"
+        )
     repeats = [
         Repeat(seed, ["--seed", str(seed)], folder / f"seed-{seed}") for seed in range(first_seed, first_seed + seeds)
     ]

@@ -336,6 +336,13 @@ class FinetuneTrainingArguments(TrainingArguments):
         _check_positive("adam_epsilon", self.adam_epsilon, "1e-8")
         _check_at_least_zero("weight_decay", self.weight_decay, "0.01")
         _check_at_least_zero("max_grad_norm", self.max_grad_norm, "1.0")
+        # torch refuses more than 1 only when the loss is first computed, after the model has loaded.
+        if not (math.isfinite(self.label_smoothing_factor) and 0.0 <= self.label_smoothing_factor < 1.0):
+            raise FinetuneError(
+                f"label_smoothing_factor must be in [0, 1) (got {self.label_smoothing_factor}); try 0.1, or 0 for none"
+            )
+        for name in ("seed", "data_seed"):
+            validate_seed(name, getattr(self, name))
         if self.max_steps <= 0 and not (math.isfinite(self.num_train_epochs) and self.num_train_epochs > 0):
             # Zero epochs would train nothing and save the untrained head as if it were a model.
             raise FinetuneError(
@@ -375,6 +382,15 @@ def _check_at_least_zero(name: str, value: float, example: str) -> None:
         raise FinetuneError(
             f"{name} must be a finite number >= 0 (got {value}); set it in the recipe or pass --{name} {example}"
         )
+
+
+MAX_SEED = 2**32 - 1
+
+
+def validate_seed(name: str, value: int | None) -> None:
+    """Raise unless ``value`` is None or a seed numpy takes: a whole number from 0 to 2**32 - 1."""
+    if value is not None and not 0 <= value <= MAX_SEED:
+        raise FinetuneError(f"{name} must be a whole number from 0 to {MAX_SEED} (got {value}); pass --{name} 42")
 
 
 def validate_accumulation_steps(value: Any) -> int:
