@@ -27,7 +27,7 @@ ones that once failed). The cases, by family:
   empty folder, a missing input, an unquoted comma, a Latin-1 or UTF-16 input file, Latin-1 on stdin,
   an endless line on stdin, a CSV field over the length cap, an unclosed quote, an input folder, an
   --output of an unknown type, ten million bootstrap resamples or a negative bootstrap seed, one
-  run named twice, a failure part-way through a stream,
+  run named twice, tune into a folder that holds no search, a failure part-way through a stream,
   --calibrate on a run trained without a validation split.
 """
 
@@ -935,6 +935,20 @@ def test_evaluate_the_same_run_twice(tiny_model_dir, tmp_path, capsys):
     assert run_cli(["evaluate", tiny_model_dir, tmp_path / "link"], capsys) == (
         f"error: {tmp_path / 'link'} is named twice (as {tiny_model_dir} too); name each run once"
     )
+
+
+def test_tune_into_a_folder_that_is_not_a_search(tmp_path, tiny_model_dir, capsys):
+    # A trained run's folder once took a search's trials.journal and trainer/ beside its model.
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    run_dir = tmp_path / "a-run"
+    shutil.copytree(tiny_model_dir, run_dir)
+    before, names = snapshot(run_dir), sorted(run_dir.rglob("*"))
+    message = run_cli(["tune", recipe_with(tmp_path, tiny_model_dir), "--trials", "1", "--output", run_dir], capsys)
+    assert message == (
+        f"error: --output {run_dir} already holds files and no trials.journal, so it is not a search to resume; "
+        "choose another --output"
+    )
+    assert snapshot(run_dir) == before and sorted(run_dir.rglob("*")) == names
 
 
 def test_predict_output_into_a_missing_folder(tiny_model_dir, tmp_path, capsys):

@@ -75,6 +75,13 @@ def tune(
     folder = Path(output) if output else Path("runs") / f"{Path(recipe).stem}-tune"
     if folder.exists() and not folder.is_dir():
         raise FinetuneError(f"--output {folder} is a file; give a folder for the trials")
+    # A folder of trials resumes; any other folder with files in it (a trained run, say) is not
+    # written into.
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / JOURNAL).is_file():
+        raise FinetuneError(
+            f"--output {folder} already holds files and no {JOURNAL}, so it is not a search to resume; "
+            "choose another --output"
+        )
 
     # Trials compare hyper-parameters on validation; they keep no checkpoints.
     args.output_dir = str(folder / "trainer")
