@@ -326,7 +326,9 @@ def test_tune_runs_trials_and_writes_a_loadable_recipe(tmp_path, tiny_model_dir,
 
     from helpers import tiny_recipe
 
+    from finetune import FinetuneError
     from finetune.cli import main
+    from finetune.commands.tune import tune
     from finetune.config.recipes import load_recipe
 
     monkeypatch.chdir(tmp_path)
@@ -345,6 +347,15 @@ def test_tune_runs_trials_and_writes_a_loadable_recipe(tmp_path, tiny_model_dir,
     # Asked for 3 in all, a second call runs only the one still missing.
     assert main(["tune", str(recipe), "--trials", "3", "--output", "search", *flags]) == 0
     assert len(list(csv.DictReader((tmp_path / "search" / "trials.csv").read_text().splitlines()))) == 3
+
+    # Trials of another recipe or other flags are not mixed into this search.
+    journal = (tmp_path / "search" / "trials.journal").read_bytes()
+    with pytest.raises(FinetuneError, match=r"searched with the flags --max_train_samples 48 --max_eval_samples 24;"):
+        tune(str(recipe), ["--max_train_samples", "40"], trials=4, output="search")
+    recipe.write_text(recipe.read_text() + "weight_decay: 0.5\n")
+    with pytest.raises(FinetuneError, match=r"searched with other recipe values \(weight_decay\); resume with the"):
+        tune(str(recipe), flags, trials=4, output="search")
+    assert (tmp_path / "search" / "trials.journal").read_bytes() == journal
 
 
 # ------------------------------------------- training on all of train

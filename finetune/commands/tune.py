@@ -11,7 +11,8 @@ checkpoints.
 
 Everything lands in ``OUTPUT`` (default ``runs/<recipe>-tune``):
 ``trials.journal`` (Optuna's log: a stopped search resumes from it with the
-same command, keeping every finished trial), ``trials.csv`` / ``trials.md``
+same command, keeping every finished trial; another recipe or other flags are
+refused rather than mixed in), ``trials.csv`` / ``trials.md``
 (one row per trial) and ``best_recipe.yaml`` (the recipe with the best
 trial's values, ready for ``finetune train``).
 """
@@ -19,6 +20,7 @@ trial's values, ready for ``finetune train``).
 from __future__ import annotations
 
 import csv
+import json
 import math
 import sys
 from pathlib import Path
@@ -33,6 +35,8 @@ STUDY_NAME = "finetune-tune"
 JOURNAL = "trials.journal"
 BEST_RECIPE = "best_recipe.yaml"
 OBJECTIVE = "eval_macro_f1"
+# The study's record of the recipe values and flags it searches with (see _check_same_search).
+SEARCH_ATTRIBUTE = "finetune_search"
 
 
 def search_space(trial: Any, recipe_epochs: float) -> dict[str, Any]:
@@ -103,8 +107,11 @@ def tune(
     encoded, _ = tokenize_splits(data.splits, tokenizer, encoding)
     print("\n".join(data.report.summary_lines()), file=sys.stderr)
 
+    searched = _searched(recipe, overrides or [])
+    if (folder / JOURNAL).is_file():  # checked before the journal is opened for writing
+        _check_same_search(optuna.load_study(study_name=STUDY_NAME, storage=_storage(folder)), folder, searched)
     folder.mkdir(parents=True, exist_ok=True)
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(folder / JOURNAL)))
+    storage = _storage(folder)
     study = optuna.create_study(
         study_name=STUDY_NAME,
         storage=storage,
@@ -112,6 +119,8 @@ def tune(
         direction="maximize",
         sampler=optuna.samplers.TPESampler(seed=args.seed),
     )
+    if not study.trials and SEARCH_ATTRIBUTE not in study.user_attrs:
+        study.set_user_attr(SEARCH_ATTRIBUTE, searched)
     finished = [trial for trial in study.trials if trial.state.is_finished()]
     remaining = trials - len(finished)
     if finished:
@@ -156,6 +165,42 @@ def tune(
     print(f"best: trial {best.number}, validation macro-F1 {best.value:.4f}, {best.params}")
     print(f"trials in {folder / 'trials.md'}; best recipe {best_path}: finetune train {best_path}", file=sys.stderr)
     return {"number": best.number, "objective": best.value, "params": best.params}
+
+
+def _storage(folder: Path) -> Any:
+    """Optuna's journal of the search in ``folder``."""
+    import optuna
+
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(folder / JOURNAL)))
+
+
+def _searched(recipe: str, overrides: list[str]) -> dict[str, Any]:
+    """What a search is made with: the recipe file's values and the flags, as the journal stores them (JSON)."""
+    from ..config.recipes import _read_yaml
+
+    return json.loads(json.dumps({"recipe": _read_yaml(recipe), "flags": list(overrides)}, default=str))
+
+
+def _check_same_search(study: Any, folder: Path, searched: dict[str, Any]) -> None:
+    """Refuse to resume a study made with other recipe values or flags.
+
+    Trials of another recipe (other data, another model) would be ranked with
+    this one's, and the best recipe could come from either. A journal written
+    before the record was kept resumes unchecked.
+    """
+    recorded = study.user_attrs.get(SEARCH_ATTRIBUTE)
+    if recorded is None or recorded == searched:
+        return
+    if recorded["flags"] != searched["flags"]:
+        what = f"the flags {' '.join(recorded['flags']) or '(none)'}"
+    else:
+        keys = sorted(set(recorded["recipe"]) | set(searched["recipe"]))
+        changed = [key for key in keys if recorded["recipe"].get(key) != searched["recipe"].get(key)]
+        what = f"other recipe values ({', '.join(changed)})"
+    raise FinetuneError(
+        f"the trials in {folder / JOURNAL} were searched with {what}; "
+        "resume with the same recipe and flags, or choose another --output"
+    )
 
 
 def write_best_recipe(
