@@ -6,6 +6,12 @@ step; stock Trainer 5.23 is the reference. Where the run depends on evaluation
 metrics (best checkpoint, early stopping, hyperparameter search) n is 1: with
 n > 1 stock's updates are n times ours for BERT classifiers (see the README's
 "Where ReviewTrainer differs from Trainer"), so its metrics would differ.
+
+Trainer features that do not touch accumulation (logging_first_step,
+eval_on_start, tokens seen, gradient checkpointing, drop_last, max_steps, bf16,
+auto_find_batch_size, a compute_loss_func, optimizers passed in, ...) are run
+at n = 1 through both: the final weights must be identical and every logged
+figure equal.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import importlib.util
 from collections import Counter
 
 import pytest
+import torch
 from helpers import quiet_args, review_dataset
 from transformers import (
     BertForSequenceClassification,
@@ -202,3 +209,71 @@ def test_hyperparameter_search_like_stock(initial_model, tokenizer, splits, tmp_
     assert our_best.objective == pytest.approx(stock_best.objective, rel=1e-5)
     assert our_run == {**stock_run, "rates": pytest.approx(stock_run["rates"], rel=1e-9)}
     assert stock_run["events"]["on_train_begin"] == 2  # one per trial
+
+
+def _mean_over_its_items(outputs, labels, num_items_in_batch=None):
+    """A user's ``compute_loss_func``: summed cross-entropy over the batch's items, divided by their count."""
+    loss = torch.nn.functional.cross_entropy(outputs["logits"], labels, reduction="sum")
+    return loss / (labels.numel() if num_items_in_batch is None else num_items_in_batch)
+
+
+def _sgd_with_decaying_rate(model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {"optimizers": (optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + step)))}
+
+
+# Trainer features with no bearing on accumulation, each at n = 1 on full micro-batches: weights,
+# logs and counters must come out as stock's (fields, then Trainer keyword arguments made from the model).
+FEATURES = {
+    "logging_first_step": (dict(logging_first_step=True, logging_steps=3), None),
+    "eval_on_start": (dict(eval_on_start=True, eval_strategy="epoch"), None),
+    "num_input_tokens_seen": (dict(include_num_input_tokens_seen=True), None),
+    "gradient_checkpointing": (dict(gradient_checkpointing=True), None),
+    "dataloader_drop_last": (dict(dataloader_drop_last=True, per_device_train_batch_size=3), None),
+    "max_steps": (dict(max_steps=5), None),
+    "bf16": (dict(bf16=True), None),
+    "auto_find_batch_size": (dict(auto_find_batch_size=True), None),
+    "torch_empty_cache_steps": (dict(torch_empty_cache_steps=1), None),
+    "compute_loss_func": ({}, lambda model: {"compute_loss_func": _mean_over_its_items}),
+    "optimizers": ({}, _sgd_with_decaying_rate),
+    "optimizer_cls_and_kwargs": ({}, lambda model: {"optimizer_cls_and_kwargs": (torch.optim.SGD, {"lr": 0.2})}),
+}
+# What a log line holds that depends on the run, not on the clock.
+LOGGED = ("loss", "learning_rate", "epoch", "step", "eval_loss", "num_input_tokens_seen", "train_loss")
+
+
+@pytest.mark.parametrize(("fields", "make_kwargs"), FEATURES.values(), ids=FEATURES.keys())
+def test_trainer_feature_gives_stock_trainers_run(initial_model, tokenizer, tmp_path, fields, make_kwargs):
+    # 8 reviews in micro-batches of 2: every batch full, so a per-sample mean is also the mean of the batches'.
+    train, evaluation = review_dataset(tokenizer, 8, seed=3), review_dataset(tokenizer, 4, seed=4)
+    runs = {}
+    for trainer_class in (Trainer, ReviewTrainer):
+        model = copy.deepcopy(initial_model)
+        values = dict(
+            per_device_train_batch_size=2,
+            per_device_eval_batch_size=2,
+            num_train_epochs=2,
+            learning_rate=1e-3,
+            logging_strategy="steps",
+            logging_steps=1,
+            train_sampling_strategy="sequential",
+        )
+        values.update(fields)
+        trainer = trainer_class(
+            model=model,
+            args=quiet_args(tmp_path / trainer_class.__name__, **values),
+            train_dataset=train,
+            eval_dataset=evaluation,
+            data_collator=DataCollatorWithPadding(tokenizer),
+            **(make_kwargs(model) if make_kwargs else {}),
+        )
+        trainer.train()
+        logs = [{key: entry[key] for key in LOGGED if key in entry} for entry in trainer.state.log_history]
+        weights = torch.cat([parameter.detach().flatten() for parameter in trainer.model.parameters()])
+        runs[trainer_class] = (weights, logs, trainer.state.global_step, trainer.state.num_input_tokens_seen)
+    (stock_weights, stock_logs, *stock_counts), (our_weights, our_logs, *our_counts) = runs.values()
+    assert torch.equal(our_weights, stock_weights)
+    assert our_counts == stock_counts
+    assert len(our_logs) == len(stock_logs) and stock_logs
+    for ours, stock in zip(our_logs, stock_logs):
+        assert ours == pytest.approx(stock, rel=1e-6)
