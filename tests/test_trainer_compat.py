@@ -277,3 +277,44 @@ def test_trainer_feature_gives_stock_trainers_run(initial_model, tokenizer, tmp_
     assert len(our_logs) == len(stock_logs) and stock_logs
     for ours, stock in zip(our_logs, stock_logs):
         assert ours == pytest.approx(stock, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "make_kwargs",
+    [
+        lambda model: {"compute_loss_func": _mean_over_its_items},
+        _sgd_with_decaying_rate,
+        lambda model: {"optimizer_cls_and_kwargs": (torch.optim.SGD, {"lr": 0.2})},
+    ],
+    ids=["compute_loss_func", "optimizers", "optimizer_cls_and_kwargs"],
+)
+@pytest.mark.parametrize(("n", "micro_batch"), [(2, 2), (4, 1)])
+def test_user_loss_and_optimizers_accumulate_to_stocks_full_batch(
+    initial_model, tokenizer, tmp_path, make_kwargs, n, micro_batch
+):
+    # Stock Trainer at n = 1 on micro-batches of 4 is the reference update; ReviewTrainer at n x micro-batch = 4
+    # with the user's loss function or optimizer must make the same updates.
+    train = review_dataset(tokenizer, 8, seed=3)
+    weights = {}
+    for name, trainer_class, accumulation, batch in (("stock", Trainer, 1, 4), ("ours", ReviewTrainer, n, micro_batch)):
+        model = copy.deepcopy(initial_model)
+        trainer = trainer_class(
+            model=model,
+            args=quiet_args(
+                tmp_path / name,
+                per_device_train_batch_size=batch,
+                gradient_accumulation_steps=accumulation,
+                num_train_epochs=2,
+                learning_rate=1e-3,
+                train_sampling_strategy="sequential",
+            ),
+            train_dataset=train,
+            data_collator=DataCollatorWithPadding(tokenizer),
+            **make_kwargs(model),
+        )
+        trainer.train()
+        assert trainer.state.global_step == 4
+        weights[name] = torch.cat([parameter.detach().flatten() for parameter in trainer.model.parameters()])
+    moved = (weights["stock"] - torch.cat([p.detach().flatten() for p in initial_model.parameters()])).abs().max()
+    assert moved > 1e-3  # the updates are large next to the tolerance
+    torch.testing.assert_close(weights["ours"], weights["stock"], rtol=0, atol=1e-5)
