@@ -71,6 +71,9 @@ def test_n_accumulate_flag(tmp_path):
         ("learning_rate: [1, 2", "is not valid YAML at line"),
         ("- just\n- a list", "must be a mapping"),
         ("label_bins: {a: [1, 3], b: [2, 4]}", "label_bins ranges overlap"),
+        # Once accepted, keeping the last range: ratings of 4 fell outside every bin and were dropped.
+        ("label_bins: 'negative=1-2,positive=4-5,positive=5'", "label_bins names 'positive' twice; give each"),
+        ('label_bins: \'{"a": [1, 2], "a": [3]}\'', "label_bins names 'a' twice"),
     ],
 )
 def test_recipe_mistakes_name_the_field(tmp_path, text, message):

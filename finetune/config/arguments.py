@@ -428,16 +428,30 @@ def parse_label_bins(value: dict | str | None) -> dict[str, list[float]] | None:
         text = value.strip()
         if text.startswith("{"):
             try:
-                value = json.loads(text)
+                pairs = json.loads(text, object_pairs_hook=list)
             except json.JSONDecodeError as error:
                 raise FinetuneError(f"label_bins is not valid JSON ({error.msg}); write e.g. 'negative=1-2,neutral=3'")
+            if not isinstance(pairs, list):
+                raise FinetuneError(
+                    "label_bins must map class names to rating ranges, e.g. {negative: [1, 2], neutral: [3]}"
+                )
         else:
             pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
             if not pairs or any(len(pair) != 2 for pair in pairs):
                 raise FinetuneError(
                     f"label_bins {value!r} is not 'name=low-high,...'; write e.g. 'negative=1-2,neutral=3'"
                 )
-            value = {name.strip(): spec.strip() for name, spec in pairs}
+            pairs = [(name.strip(), spec.strip() if isinstance(spec, str) else spec) for name, spec in pairs]
+        # A dict would keep the last of two entries for one class, and the first one's ratings would be
+        # dropped as outside every bin.
+        names = [str(name) for name, _ in pairs]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise FinetuneError(
+                f"label_bins names {', '.join(repr(name) for name in twice)} twice; give each class one range, "
+                "e.g. positive=4-5"
+            )
+        value = dict(pairs)
     if not isinstance(value, dict):
         raise FinetuneError("label_bins must map class names to rating ranges, e.g. {negative: [1, 2], neutral: [3]}")
 
