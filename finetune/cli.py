@@ -271,7 +271,9 @@ def build_cli() -> argparse.ArgumentParser:
     predict = commands.add_parser("predict", help="label reviews from a CSV/JSONL file or stdin")
     predict.add_argument("model", help="a model folder (a run's output_dir or a checkpoint)")
     predict.add_argument("--input", help="CSV, TSV or JSONL with a text column; omit or '-' for one review per line")
-    predict.add_argument("--output", help="where to write (CSV or JSONL by extension); default: CSV on stdout")
+    predict.add_argument(
+        "--output", help="where to write (.csv, .tsv or .jsonl; no extension: as the input); default: CSV on stdout"
+    )
     predict.add_argument("--text_column", help="the column holding the review (default: the recipe's, or 'text')")
     predict.add_argument("--batch_size", type=positive_int, default=32)
     predict.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
