@@ -235,6 +235,55 @@ def test_seeds_train_once_per_seed_and_summarise(tmp_path, tiny_model_dir, capsy
     assert main(["train", str(recipe), "--seeds", "2", *flags]) == 2
 
 
+def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    import json
+
+    from helpers import tiny_recipe
+
+    import finetune.commands.train as train_module
+    from finetune.cli import main
+    from finetune.errors import TrainingInterrupted
+
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "runs", num_train_epochs=1, seed=7)
+    flags = ["--max_train_samples", "48", "--max_test_samples", "24", "--save_strategy", "no"]
+    flags += ["--load_best_model_at_end", "false"]
+    real_train, trained = train_module.train, []
+
+    def train_then_stop_at_seed_8(recipe_path, overrides):
+        trained.append(overrides[overrides.index("--seed") + 1])
+        if trained[-1] == "8":
+            raise TrainingInterrupted("stopped by SIGINT at update 1 (epoch 0.50); resume with: (one run)", 130)
+        return real_train(recipe_path, overrides)
+
+    monkeypatch.setattr(train_module, "train", train_then_stop_at_seed_8)
+    assert main(["train", str(recipe), "--seeds", "2", *flags]) == 130
+    advice = capsys.readouterr().err.strip().splitlines()[-1]
+    assert advice.endswith(
+        f"the seeds finished so far are kept; go on with: finetune train {recipe} {' '.join(flags)} --seeds 2 "
+        "--resume_from_checkpoint auto"
+    )
+    seed_7 = tmp_path / "runs" / "seed-7"
+    model_bytes = (seed_7 / "model.safetensors").read_bytes()
+
+    # Going on: seed 7 is read back, not trained again; seed 8, never begun, starts without a checkpoint.
+    calls = []
+    monkeypatch.setattr(train_module, "train", lambda r, o: calls.append(o) or real_train(r, o))
+    assert main(["train", str(recipe), "--seeds", "2", *flags, "--resume_from_checkpoint", "auto"]) == 0
+    assert [call[call.index("--seed") + 1] for call in calls] == ["8"]
+    assert "--resume_from_checkpoint" not in calls[0]
+    assert "seed 7 (1 of 2): finished before in" in capsys.readouterr().err
+    assert (seed_7 / "model.safetensors").read_bytes() == model_bytes
+    summary = json.loads((tmp_path / "runs" / "seeds.json").read_text())
+    report = json.loads((seed_7 / "test_report.json").read_text())
+    assert summary["seeds"] == [7, 8] and summary["runs"][0]["test accuracy"] == report["accuracy"]
+
+    # Other values (another learning rate) are another run: seed 7's folder is not taken as finished.
+    (tmp_path / "runs" / "seeds.json").unlink()
+    calls.clear()
+    assert main(["train", str(recipe), "--seeds", "2", *flags, "--learning_rate", "0.01"]) == 2
+    assert "already holds a run" in capsys.readouterr().err and len(calls) == 1
+
+
 # ------------------------------------------------------------------ folds
 
 

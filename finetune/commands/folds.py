@@ -31,7 +31,9 @@ def train_folds(recipe: str | None, overrides: list[str] | None, folds: int) -> 
     run = load_recipe(recipe, [*overrides, *_fold_flags(folds, 0)])
     folder = Path(run.training.output_dir)
     repeats = [Repeat(fold, _fold_flags(folds, fold), folder / f"fold-{fold}") for fold in range(folds)]
-    return run_repeats(recipe, overrides, repeats, folder, "fold", "fold", run.training.overwrite_output_dir)
+    return run_repeats(
+        recipe, overrides, repeats, folder, "fold", "fold", run.training.overwrite_output_dir, ["--folds", str(folds)]
+    )
 
 
 def _fold_flags(folds: int, fold: int) -> list[str]:

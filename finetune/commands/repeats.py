@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import FinetuneError
+from ..errors import FinetuneError, TrainingInterrupted
 
 
 @dataclass
@@ -39,13 +39,19 @@ def run_repeats(
     kind: str,
     scored_on: str,
     overwrite: bool,
+    repeat_flags: list[str],
 ) -> dict[str, Any]:
     """Train every repeat, then write and print the summary; returns it.
 
     ``kind`` names a run's key ("seed", "fold") and the summary files;
-    ``scored_on`` names the reviews each run is scored on ("test", "fold").
+    ``scored_on`` names the reviews each run is scored on ("test", "fold");
+    ``repeat_flags`` (``["--seeds", "3"]``) say how the user asked for the repeats.
+    A run already finished in its folder with the same recipe values and flags
+    is not trained again (unless ``overwrite``): its scores are read back, so a
+    stopped ``--seeds 3`` goes on from where it stopped.
     """
-    from .train import train
+    from ..training.runs import holds_run
+    from .train import train, without_flags
 
     summary_path = folder / f"{kind}s.json"
     if summary_path.exists() and not overwrite:
@@ -55,9 +61,34 @@ def run_repeats(
         )
     runs = []
     for number, repeat in enumerate(repeats, start=1):
-        print(f"{kind} {repeat.key} ({number} of {len(repeats)}) -> {repeat.output_dir}", file=sys.stderr)
         # Given last, these win over the same flags among the overrides.
-        metrics = train(recipe, [*overrides, *repeat.flags, "--output_dir", str(repeat.output_dir)])
+        flags = [*overrides, *repeat.flags, "--output_dir", str(repeat.output_dir)]
+        if not holds_run(repeat.output_dir):
+            # "--resume_from_checkpoint auto" goes on with the stopped run; the ones not begun start afresh.
+            flags = without_flags(flags, {"--resume_from_checkpoint": True})
+        metrics = None if overwrite else finished_run_metrics(recipe, flags, repeat.output_dir)
+        if metrics is not None:
+            print(
+                f"{kind} {repeat.key} ({number} of {len(repeats)}): finished before in {repeat.output_dir} "
+                "with the same recipe and flags; its scores are reused",
+                file=sys.stderr,
+            )
+        else:
+            print(f"{kind} {repeat.key} ({number} of {len(repeats)}) -> {repeat.output_dir}", file=sys.stderr)
+            try:
+                metrics = train(recipe, flags)
+            except TrainingInterrupted as stop:
+                # The single run's advice would finish that run alone; this one finishes them all.
+                flags_again = without_flags(
+                    [*overrides, *repeat_flags], {"--overwrite_output_dir": False, "--resume_from_checkpoint": True}
+                )
+                command = " ".join(["finetune", "train", *([recipe] if recipe else []), *flags_again])
+                stopped = str(stop).split("; resume with:")[0]
+                raise TrainingInterrupted(
+                    f"{stopped}; the {kind}s finished so far are kept; go on with: {command} "
+                    "--resume_from_checkpoint auto",
+                    stop.exit_status,
+                ) from None
         runs.append({kind: repeat.key, "output_dir": str(repeat.output_dir), **_figures(metrics, scored_on)})
 
     columns = _columns(scored_on)
@@ -78,6 +109,37 @@ def run_repeats(
     print(table)
     print(f"saved to {summary_path} and {table_path}", file=sys.stderr)
     return summary
+
+
+# Flags that say how to run, not what is trained: a run made without them is the same run.
+_HOW_TO_RUN = ("resume_from_checkpoint", "overwrite_output_dir")
+
+
+def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path) -> dict[str, Any] | None:
+    """The metrics of the run finished in ``output_dir`` if it was trained from these recipe values and flags.
+
+    Finished means its report (``report/metrics.json``, written after the test
+    scores) is there; the same means ``finetune_run.json`` records the values
+    this recipe and these flags give now (the recipe file read again, so an
+    edited recipe trains again).
+    """
+    from ..config.recipes import load_recipe
+    from ..training.runs import RUN_CONFIG
+
+    config_path, metrics_path = output_dir / RUN_CONFIG, output_dir / "report" / "metrics.json"
+    if not (config_path.is_file() and metrics_path.is_file()):
+        return None
+    try:
+        recorded = json.loads(config_path.read_text(encoding="utf-8")).get("recipe_values") or {}
+        report = json.loads(metrics_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None  # damaged: trained again, and train() says what is in the way
+    wanted = json.loads(json.dumps(load_recipe(recipe, flags).values, default=str))
+    if {key: value for key, value in recorded.items() if key not in _HOW_TO_RUN} != {
+        key: value for key, value in wanted.items() if key not in _HOW_TO_RUN
+    }:
+        return None
+    return {**report.get("train", {}), "test": report.get("test"), "baseline": report.get("baseline")}
 
 
 def format_summary(summary: dict[str, Any], kind: str) -> str:

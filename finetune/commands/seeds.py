@@ -34,4 +34,6 @@ def train_seeds(recipe: str | None, overrides: list[str] | None, seeds: int) -> 
     repeats = [
         Repeat(seed, ["--seed", str(seed)], folder / f"seed-{seed}") for seed in range(first_seed, first_seed + seeds)
     ]
-    return run_repeats(recipe, overrides, repeats, folder, "seed", "test", run.training.overwrite_output_dir)
+    return run_repeats(
+        recipe, overrides, repeats, folder, "seed", "test", run.training.overwrite_output_dir, ["--seeds", str(seeds)]
+    )

@@ -221,7 +221,7 @@ def _resume_advice(trainer: Any, stopper: Any, recipe: str | None, overrides: li
 
     saved = checkpoints(Path(trainer.args.output_dir))
     where = saved[-1] if saved else trainer.args.output_dir
-    flags = _without_flags(overrides or [], {"--overwrite_output_dir": False, "--resume_from_checkpoint": True})
+    flags = without_flags(overrides or [], {"--overwrite_output_dir": False, "--resume_from_checkpoint": True})
     command = " ".join(["finetune", "train", *([recipe] if recipe else []), *flags])
     return (
         f"stopped by {stopper.received.name} at update {trainer.state.global_step} "
@@ -230,7 +230,7 @@ def _resume_advice(trainer: Any, stopper: Any, recipe: str | None, overrides: li
     )
 
 
-def _without_flags(flags: list[str], dropped: dict[str, bool]) -> list[str]:
+def without_flags(flags: list[str], dropped: dict[str, bool]) -> list[str]:
     """``flags`` minus the ``dropped`` ones (``True``: the flag takes a value, dropped with it)."""
     kept: list[str] = []
     skip_value = False
