@@ -51,7 +51,7 @@ def run_repeats(
     stopped ``--seeds 3`` goes on from where it stopped.
     """
     from ..training.runs import holds_run
-    from .train import train, without_flags
+    from .train import HOW_TO_RUN_FLAGS, train, without_flags
 
     summary_path = folder / f"{kind}s.json"
     if summary_path.exists() and not overwrite:
@@ -79,9 +79,7 @@ def run_repeats(
                 metrics = train(recipe, flags)
             except TrainingInterrupted as stop:
                 # The single run's advice would finish that run alone; this one finishes them all.
-                flags_again = without_flags(
-                    [*overrides, *repeat_flags], {"--overwrite_output_dir": False, "--resume_from_checkpoint": True}
-                )
+                flags_again = without_flags([*overrides, *repeat_flags], HOW_TO_RUN_FLAGS)
                 command = " ".join(["finetune", "train", *([recipe] if recipe else []), *flags_again])
                 stopped = str(stop).split("; resume with:")[0]
                 raise TrainingInterrupted(
@@ -111,10 +109,6 @@ def run_repeats(
     return summary
 
 
-# Flags that say how to run, not what is trained: a run made without them is the same run.
-_HOW_TO_RUN = ("resume_from_checkpoint", "overwrite_output_dir")
-
-
 def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path) -> dict[str, Any] | None:
     """The metrics of the run finished in ``output_dir`` if it was trained from these recipe values and flags.
 
@@ -125,21 +119,26 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
     """
     from ..config.recipes import load_recipe
     from ..training.runs import RUN_CONFIG
+    from .train import HOW_TO_RUN_FLAGS
 
     config_path, metrics_path = output_dir / RUN_CONFIG, output_dir / "report" / "metrics.json"
     if not (config_path.is_file() and metrics_path.is_file()):
         return None
     try:
-        recorded = json.loads(config_path.read_text(encoding="utf-8")).get("recipe_values") or {}
+        config = json.loads(config_path.read_text(encoding="utf-8"))
         report = json.loads(metrics_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        config = report = None
+    if not (isinstance(config, dict) and isinstance(report, dict)):
         return None  # damaged: trained again, and train() says what is in the way
+
+    def what_is_trained(values: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in values.items() if f"--{key}" not in HOW_TO_RUN_FLAGS}
+
     wanted = json.loads(json.dumps(load_recipe(recipe, flags).values, default=str))
-    if {key: value for key, value in recorded.items() if key not in _HOW_TO_RUN} != {
-        key: value for key, value in wanted.items() if key not in _HOW_TO_RUN
-    }:
+    if what_is_trained(config.get("recipe_values") or {}) != what_is_trained(wanted):
         return None
-    return {**report.get("train", {}), "test": report.get("test"), "baseline": report.get("baseline")}
+    return {**(report.get("train") or {}), "test": report.get("test"), "baseline": report.get("baseline")}
 
 
 def format_summary(summary: dict[str, Any], kind: str) -> str:

@@ -221,13 +221,18 @@ def _resume_advice(trainer: Any, stopper: Any, recipe: str | None, overrides: li
 
     saved = checkpoints(Path(trainer.args.output_dir))
     where = saved[-1] if saved else trainer.args.output_dir
-    flags = without_flags(overrides or [], {"--overwrite_output_dir": False, "--resume_from_checkpoint": True})
+    flags = without_flags(overrides or [], HOW_TO_RUN_FLAGS)
     command = " ".join(["finetune", "train", *([recipe] if recipe else []), *flags])
     return (
         f"stopped by {stopper.received.name} at update {trainer.state.global_step} "
         f"(epoch {trainer.state.epoch or 0:.2f}); checkpoint saved in {where}; "
         f"resume with: {command} --resume_from_checkpoint auto"
     )
+
+
+# Flags that say how to run, not what is trained (True: the flag takes a value). Advice to resume
+# leaves them out and adds its own; a run made with or without them is the same run.
+HOW_TO_RUN_FLAGS = {"--overwrite_output_dir": False, "--resume_from_checkpoint": True}
 
 
 def without_flags(flags: list[str], dropped: dict[str, bool]) -> list[str]:
