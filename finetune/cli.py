@@ -25,7 +25,6 @@ import errno
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from .errors import FinetuneError, TrainingInterrupted
@@ -90,7 +89,10 @@ def _predict(options: argparse.Namespace, extra: list[str]) -> None:
     from .commands.predict import predict
 
     if options.output:
-        _check_output_folder(options.output)
+        from .config.output_files import check_output_file
+
+        # predict itself refuses an existing file without --overwrite, in its own words.
+        check_output_file(options.output, replace=True)
     predict(
         options.model,
         input_path=options.input,
@@ -144,23 +146,6 @@ def _data_fetch(options: argparse.Namespace, extra: list[str]) -> None:
     # A Hub entry has no folder to print: fetch raises, and exit 2 rather than 0 keeps
     # such a command substitution from going on with an empty path.
     print(fetch(get_entry(options.name), cache_dir=options.cache_dir, find_links=options.find_links))
-
-
-def _check_output_folder(output: str) -> None:
-    """Refuse an ``--output`` whose folder is missing or unwritable before any model loads, not after inference."""
-    import tempfile
-
-    folder = Path(output).parent
-    if not folder.is_dir():
-        raise FinetuneError(f"--output {output}: folder {folder} does not exist; create it or choose another --output")
-    try:
-        # Trying is the only sure test: permission bits do not bind root, nor tell of a read-only mount.
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as error:
-        raise FinetuneError(
-            f"--output {output}: cannot write in {folder} ({error.strerror or error}); choose another --output"
-        )
 
 
 def resample_count(text: str) -> int:

@@ -27,8 +27,9 @@ ones that once failed). The cases, by family:
   empty folder, a missing input, an unquoted comma, a Latin-1 or UTF-16 input file, Latin-1 on stdin,
   an endless line on stdin, a CSV field over the length cap, an unclosed quote, an input folder, an
   --output of an unknown type, ten million bootstrap resamples or a negative bootstrap seed, one
-  run named twice, tune into a folder that holds no search, a failure part-way through a stream,
-  --calibrate on a run trained without a validation split.
+  run named twice, tune into a folder that holds no search, a bench or baseline --output into a
+  missing folder or onto an earlier file, a failure part-way through a stream, --calibrate on a run
+  trained without a validation split.
 """
 
 from __future__ import annotations
@@ -949,6 +950,23 @@ def test_tune_into_a_folder_that_is_not_a_search(tmp_path, tiny_model_dir, capsy
         "choose another --output"
     )
     assert snapshot(run_dir) == before and sorted(run_dir.rglob("*")) == names
+
+
+@pytest.mark.parametrize("command", ["bench", "baseline"])
+def test_report_output_refused_before_the_work(tmp_path, tiny_model_dir, capsys, command):
+    # bench once ran every system for minutes, then died on a missing --output folder with a traceback.
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    recipe = recipe_with(tmp_path, tiny_model_dir)
+    missing = tmp_path / "missing" / "report.json"
+    assert run_cli([command, recipe, "--output", missing], capsys) == (
+        f"error: --output {missing}: folder {missing.parent} does not exist; create it or choose another --output"
+    )
+    earlier = tmp_path / "report.json"
+    earlier.write_text("an earlier report\n", encoding="utf-8")
+    assert run_cli([command, recipe, "--output", earlier], capsys) == (
+        f"error: {earlier} already exists; choose another --output or remove it"
+    )
+    assert earlier.read_text(encoding="utf-8") == "an earlier report\n"
 
 
 def test_predict_output_into_a_missing_folder(tiny_model_dir, tmp_path, capsys):

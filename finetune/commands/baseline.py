@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import FinetuneError
+from ..config.output_files import check_output_file
 
 
 def baseline(recipe: str | None, overrides: list[str] | None = None, output: str | None = None) -> dict[str, Any]:
@@ -21,8 +21,8 @@ def baseline(recipe: str | None, overrides: list[str] | None = None, output: str
     from ..evaluation.baseline import run_baseline
 
     run = load_recipe(recipe, overrides)
-    if output and Path(output).is_dir():
-        raise FinetuneError(f"--output {output} is a folder; give a file name such as baseline.json")
+    if output:
+        check_output_file(output)
     data = load_review_data(run.data, seed=run.training.seed)
     print("\n".join(data.report.summary_lines()), file=sys.stderr)
     splits = data.splits

@@ -27,6 +27,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..config.output_files import check_output_file
 from ..errors import FinetuneError
 from .bench_systems import (
     CLASSIC_LOOP,
@@ -70,8 +71,8 @@ def bench(
 
     if updates < 1:
         raise FinetuneError(f"--updates must be >= 1 (got {updates}); try --updates 20")
-    if output and Path(output).exists():
-        raise FinetuneError(f"{output} already exists; choose another --output or remove it")
+    if output:
+        check_output_file(output)
     overrides = list(overrides or [])
     run = load_recipe(recipe, overrides)
     args = run.training
