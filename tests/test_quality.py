@@ -237,6 +237,7 @@ def test_seeds_train_once_per_seed_and_summarise(tmp_path, tiny_model_dir, capsy
 
 def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_dir, capsys, monkeypatch):
     import json
+    import os
 
     from helpers import tiny_recipe
 
@@ -276,6 +277,16 @@ def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_
     summary = json.loads((tmp_path / "runs" / "seeds.json").read_text())
     report = json.loads((seed_7 / "test_report.json").read_text())
     assert summary["seeds"] == [7, 8] and summary["runs"][0]["test accuracy"] == report["accuracy"]
+
+    # A run begun again over it (--overwrite_output_dir keeps the old report until the new one ends)
+    # is not finished: finetune_run.json, written at the start, is newer than the report.
+    from finetune.commands.repeats import finished_run_metrics
+
+    flags_7 = [*flags, "--seed", "7", "--output_dir", str(seed_7)]
+    assert finished_run_metrics(str(recipe), flags_7, seed_7)["test"]["accuracy"] == report["accuracy"]
+    later = (seed_7 / "report" / "metrics.json").stat().st_mtime_ns + 10**9
+    os.utime(seed_7 / "finetune_run.json", ns=(later, later))
+    assert finished_run_metrics(str(recipe), flags_7, seed_7) is None
 
     # Other values (another learning rate) are another run: seed 7's folder is not taken as finished.
     (tmp_path / "runs" / "seeds.json").unlink()

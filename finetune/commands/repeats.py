@@ -59,6 +59,10 @@ def run_repeats(
             f"{summary_path} already exists; pass --overwrite_output_dir to run the {kind}s again, "
             "or choose another output_dir"
         )
+    if overwrite:
+        # Asked to run them all again: an earlier summary must not stop a stopped rerun from going on.
+        for earlier in (summary_path, folder / f"{kind}s.md"):
+            earlier.unlink(missing_ok=True)
     runs = []
     for number, repeat in enumerate(repeats, start=1):
         # Given last, these win over the same flags among the overrides.
@@ -113,12 +117,13 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
     """The metrics of the run finished in ``output_dir`` if it was trained from these recipe values and flags.
 
     Finished means its report (``report/metrics.json``, written after the test
-    scores) is there; the same means ``finetune_run.json`` records the values
-    this recipe and these flags give now (the recipe file read again, so an
-    edited recipe trains again).
+    scores) is there and newer than ``finetune_run.json`` (written when a run
+    starts); the same means ``finetune_run.json`` records the values and data
+    paths this recipe and these flags give now (the recipe file read again, so
+    an edited recipe trains again). A data file edited in place is not noticed.
     """
     from ..config.recipes import load_recipe
-    from ..training.runs import RUN_CONFIG
+    from ..training.runs import RUN_CONFIG, data_fields_on_record
     from .train import HOW_TO_RUN_FLAGS
 
     config_path, metrics_path = output_dir / RUN_CONFIG, output_dir / "report" / "metrics.json"
@@ -131,12 +136,21 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
         config = report = None
     if not (isinstance(config, dict) and isinstance(report, dict)):
         return None  # damaged: trained again, and train() says what is in the way
+    if metrics_path.stat().st_mtime_ns < config_path.stat().st_mtime_ns:
+        # finetune_run.json is written when a run starts, the report when it ends: this report is an
+        # earlier run's, left beside one that --overwrite_output_dir began and did not finish.
+        return None
 
     def what_is_trained(values: dict[str, Any]) -> dict[str, Any]:
         return {key: value for key, value in values.items() if f"--{key}" not in HOW_TO_RUN_FLAGS}
 
-    wanted = json.loads(json.dumps(load_recipe(recipe, flags).values, default=str))
+    run = load_recipe(recipe, flags)
+    wanted = json.loads(json.dumps(run.values, default=str))
     if what_is_trained(config.get("recipe_values") or {}) != what_is_trained(wanted):
+        return None
+    # The data fields with their paths made absolute, as the run recorded them: a relative
+    # train_file read from another folder is other data.
+    if config.get("data") != json.loads(json.dumps(data_fields_on_record(run.data), default=str)):
         return None
     return {**(report.get("train") or {}), "test": report.get("test"), "baseline": report.get("baseline")}
 

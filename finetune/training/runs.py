@@ -176,7 +176,7 @@ def save_run_config(
         "command": command,
         "recipe_values": recipe.values,
         "model": asdict(recipe.model),
-        "data": _with_absolute_paths(asdict(recipe.data)),
+        "data": data_fields_on_record(recipe.data),
         # Hold-out splits and subsets are drawn with it; evaluate redraws the same ones.
         "seed": recipe.training.seed,
         "data_report": data_report,
@@ -185,8 +185,12 @@ def save_run_config(
     (folder / RUN_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def _with_absolute_paths(data_fields: dict[str, Any]) -> dict[str, Any]:
-    # `finetune evaluate` may run from another folder than training did.
+def data_fields_on_record(data: Any) -> dict[str, Any]:
+    """A run's data fields as ``finetune_run.json`` records them: file paths made absolute.
+
+    ``finetune evaluate`` may run from another folder than training did.
+    """
+    data_fields = asdict(data)
     for key in ("dataset_dir", "train_file", "validation_file", "test_file"):
         if data_fields.get(key):
             data_fields[key] = str(Path(data_fields[key]).resolve())
