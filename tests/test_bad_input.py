@@ -241,8 +241,7 @@ def test_predict_unclosed_quote_is_refused_not_swallowing_the_rows_after_it(tiny
     # Without csv's strict mode the quote runs to the end of the file: three reviews became one.
     write_csv(tmp_path / "in.csv", 'review\n"Broke after two days\nGreat value\nWorks fine\n')
     message = run_cli(["predict", tiny_model_dir, "--input", tmp_path / "in.csv"], capsys)
-    assert "in.csv row 2: unexpected end of data" in message
-    assert "check for an unclosed quote" in message
+    assert "in.csv row 2: unexpected end of data; check that row's quotes" in message
 
 
 def test_predict_input_that_is_a_folder(tiny_model_dir, tmp_path, capsys):
@@ -255,7 +254,7 @@ def test_predict_output_of_an_unknown_type_is_refused_before_anything_is_written
     write_csv(tmp_path / "in.csv", "review\nfine\n")
     output = tmp_path / "out.parquet"
     assert run_cli(["predict", tiny_model_dir, "--input", tmp_path / "in.csv", "--output", output], capsys) == (
-        f"error: --output {output}: unknown file type .parquet; end it in .csv, .tsv or .jsonl"
+        f"error: --output {output}: unknown file type .parquet; end it in .csv, .tsv or .jsonl (or .json for JSONL)"
     )
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.csv"]
 

@@ -116,7 +116,8 @@ def test_tsv_output_is_tab_separated_and_a_tsv_input_answers_in_kind(tiny_model_
     assert [row["review"] for row in rows] == ["fine, really", "broke"]
     assert all(row["label"] for row in rows)
 
-    # With no extension on --output, the answer takes the input's format.
-    (tmp_path / "in.tsv").write_text("review\tnote\nfine\tx\n", encoding="utf-8")
+    # With no extension on --output, the answer takes the input's format. A TSV review may open with a
+    # quoted word: TSV is often written without quoting, and is read leniently.
+    (tmp_path / "in.tsv").write_text('review\tnote\n"Best" buy ever\tx\n', encoding="utf-8")
     predict(str(tiny_model_dir), str(tmp_path / "in.tsv"), str(tmp_path / "answers"))
     assert (tmp_path / "answers").read_text(encoding="utf-8").splitlines()[0].startswith("review\tnote\tlabel\t")

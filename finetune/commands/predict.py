@@ -60,6 +60,12 @@ def predict(
     model_dir = Path(model_path)
     if output_path and Path(output_path).exists() and not overwrite:
         raise FinetuneError(f"{output_path} already exists; pass --overwrite to replace it or choose another --output")
+    suffix = Path(output_path).suffix.lower() if output_path else ""
+    if suffix and suffix not in OUTPUT_FORMATS:
+        # Before the input's encoding check, which reads the whole file.
+        raise FinetuneError(
+            f"--output {output_path}: unknown file type {suffix}; end it in .csv, .tsv or .jsonl (or .json for JSONL)"
+        )
     run_config = find_run_config(model_dir) or {}
     data_fields = run_config.get("data", {})
     rows, input_format = _open_rows(input_path)
@@ -226,8 +232,10 @@ def _csv_rows(handle: IO[str], input_path: str, delimiter: str) -> Iterator[dict
     limit = csv.field_size_limit()
     csv.field_size_limit(MAX_REVIEW_CHARS)
     try:
-        # strict: an unclosed quote is an error, not a field that swallows every row after it.
-        reader = csv.DictReader(handle, delimiter=delimiter, strict=True)
+        # CSV is strict: an unclosed quote is an error, not a field that swallows every row after it.
+        # TSV files are often written without quoting, so a review that opens with a quoted word
+        # ("Best" buy ever) is read as before rather than refused.
+        reader = csv.DictReader(handle, delimiter=delimiter, strict=delimiter == ",")
         row_number = 1
         while True:
             try:
@@ -235,9 +243,14 @@ def _csv_rows(handle: IO[str], input_path: str, delimiter: str) -> Iterator[dict
             except StopIteration:
                 return
             except csv.Error as error:
+                if "field limit" in str(error):
+                    raise FinetuneError(
+                        f"{input_path} row {row_number + 1}: {error}; a field may hold at most "
+                        f"{MAX_REVIEW_CHARS:,} characters (check for an unclosed quote)"
+                    )
                 raise FinetuneError(
-                    f"{input_path} row {row_number + 1}: {error}; a field may hold at most {MAX_REVIEW_CHARS:,} "
-                    "characters (check for an unclosed quote)"
+                    f"{input_path} row {row_number + 1}: {error}; check that row's quotes (a field holding quotes "
+                    'is quoted whole, its quotes doubled: "a ""quoted"" word")'
                 )
             row_number += 1
             if None in row:  # DictReader files surplus fields under None
@@ -296,9 +309,7 @@ class _Output:
         if self.path is None:
             self.format, self.handle, self.partial = "csv", sys.stdout, None
             return
-        suffix = self.path.suffix.lower()
-        if suffix and suffix not in OUTPUT_FORMATS:
-            raise FinetuneError(f"--output {output_path}: unknown file type {suffix}; end it in .csv, .tsv or .jsonl")
+        suffix = self.path.suffix.lower()  # one of OUTPUT_FORMATS or none: predict() checked it
         self.format = OUTPUT_FORMATS[suffix] if suffix else input_format
         self.partial = self.path.with_name(f".{self.path.name}.partial")
         try:
