@@ -87,6 +87,10 @@ def tune(
             "choose another --output"
         )
 
+    searched = _searched(recipe, overrides or [])
+    if (folder / JOURNAL).is_file():  # checked before the data is read and the journal opened for writing
+        _check_same_search(_recorded_study(folder), folder, searched)
+
     # Trials compare hyper-parameters on validation; they keep no checkpoints.
     args.output_dir = str(folder / "trainer")
     args.save_strategy = "no"
@@ -107,9 +111,6 @@ def tune(
     encoded, _ = tokenize_splits(data.splits, tokenizer, encoding)
     print("\n".join(data.report.summary_lines()), file=sys.stderr)
 
-    searched = _searched(recipe, overrides or [])
-    if (folder / JOURNAL).is_file():  # checked before the journal is opened for writing
-        _check_same_search(optuna.load_study(study_name=STUDY_NAME, storage=_storage(folder)), folder, searched)
     folder.mkdir(parents=True, exist_ok=True)
     storage = _storage(folder)
     study = optuna.create_study(
@@ -174,6 +175,16 @@ def _storage(folder: Path) -> Any:
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(folder / JOURNAL)))
 
 
+def _recorded_study(folder: Path) -> Any:
+    """The study in ``folder``'s journal; None when the journal holds none (a search stopped before it began)."""
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=STUDY_NAME, storage=_storage(folder))
+    except KeyError:  # optuna's "Record does not exist."
+        return None
+
+
 def _searched(recipe: str, overrides: list[str]) -> dict[str, Any]:
     """What a search is made with: the recipe file's values and the flags, as the journal stores them (JSON)."""
     from ..config.recipes import _read_yaml
@@ -188,7 +199,7 @@ def _check_same_search(study: Any, folder: Path, searched: dict[str, Any]) -> No
     this one's, and the best recipe could come from either. A journal written
     before the record was kept resumes unchecked.
     """
-    recorded = study.user_attrs.get(SEARCH_ATTRIBUTE)
+    recorded = None if study is None else study.user_attrs.get(SEARCH_ATTRIBUTE)
     if recorded is None or recorded == searched:
         return
     if recorded["flags"] != searched["flags"]:
