@@ -143,3 +143,12 @@ def test_errors_file_lists_the_largest_losses_first(tmp_path):
         ("neutral", "negative", 0.4),
     ]
     assert float(rows[0]["loss"]) == pytest.approx(-np.log(0.05), abs=1e-6)
+
+
+@pytest.mark.parametrize("resamples", [0, -1])
+def test_no_resamples_is_refused_from_python_too(resamples):
+    from finetune import FinetuneError
+
+    predictions, labels = _predictions_and_labels()
+    with pytest.raises(FinetuneError, match=rf"^resamples must be >= 1 \(got {resamples}\)"):
+        score_intervals(predictions, labels, NAMES, resamples=resamples)

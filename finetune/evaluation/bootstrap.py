@@ -20,13 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import FinetuneError
+
 RESAMPLES = 1000
 # Past a million resamples a 95% interval's ends stop moving; the flag is refused above it.
 MAX_RESAMPLES = 1_000_000
 CONFIDENCE = 0.95
 SEED = 0
-# Indices are drawn and scored this many (resample, review) cells at a time (~64 MiB of int64), so
-# memory stays flat however many resamples or reviews; the draws are the same as in one block.
+# Indices are drawn and scored this many (resample, review) cells at a time (64 MiB of int64
+# indices; with the gathered labels and cells about 300 MiB at the peak), so memory stays flat
+# however many resamples or reviews; the draws are the same as in one block.
 CHUNK_CELLS = 8_000_000
 
 
@@ -45,6 +48,8 @@ def bootstrap_scores(
     predictions: Sequence[Any], labels: Any, num_labels: int, resamples: int = RESAMPLES, seed: int = SEED
 ) -> list[dict[str, np.ndarray]]:
     """:func:`resampled_scores` of each of ``predictions`` (one per model) on the same seeded resamples."""
+    if resamples < 1:
+        raise FinetuneError(f"resamples must be >= 1 (got {resamples}); the default is {RESAMPLES}")
     blocks: list[list[dict[str, np.ndarray]]] = [[] for _ in predictions]
     for indices in resample_indices(len(labels), resamples, seed):
         for scores, model_predictions in zip(blocks, predictions):
