@@ -238,14 +238,17 @@ def test_seeds_train_once_per_seed_and_summarise(tmp_path, tiny_model_dir, capsy
 def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_dir, capsys, monkeypatch):
     import json
     import os
+    import shutil
 
-    from helpers import tiny_recipe
+    from helpers import PROJECT, tiny_recipe
 
     import finetune.commands.train as train_module
     from finetune.cli import main
     from finetune.errors import TrainingInterrupted
 
-    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "runs", num_train_epochs=1, seed=7)
+    # A copy of the data, edited in place at the end.
+    reviews = shutil.copytree(PROJECT / "data" / "reviews", tmp_path / "reviews")
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "runs", num_train_epochs=1, seed=7, dataset_dir=reviews)
     flags = ["--max_train_samples", "48", "--max_test_samples", "24", "--save_strategy", "no"]
     flags += ["--load_best_model_at_end", "false"]
     real_train, trained = train_module.train, []
@@ -286,6 +289,13 @@ def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_
     assert finished_run_metrics(str(recipe), flags_7, seed_7)["test"]["accuracy"] == report["accuracy"]
     later = (seed_7 / "report" / "metrics.json").stat().st_mtime_ns + 10**9
     os.utime(seed_7 / "finetune_run.json", ns=(later, later))
+    assert finished_run_metrics(str(recipe), flags_7, seed_7) is None
+    os.utime(seed_7 / "report" / "metrics.json", ns=(later + 10**9, later + 10**9))
+    assert finished_run_metrics(str(recipe), flags_7, seed_7) is not None
+
+    # A data file edited in place (same path, other reviews) is other data.
+    train_csv = reviews / "train.csv"
+    train_csv.write_text(train_csv.read_text(encoding="utf-8").replace("great", "grand", 1), encoding="utf-8")
     assert finished_run_metrics(str(recipe), flags_7, seed_7) is None
 
     # Other values (another learning rate) are another run: seed 7's folder is not taken as finished.

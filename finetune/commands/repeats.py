@@ -120,10 +120,10 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
     scores) is there and newer than ``finetune_run.json`` (written when a run
     starts); the same means ``finetune_run.json`` records the values and data
     paths this recipe and these flags give now (the recipe file read again, so
-    an edited recipe trains again). A data file edited in place is not noticed.
+    an edited recipe trains again) and the same data files, byte for byte.
     """
     from ..config.recipes import load_recipe
-    from ..training.runs import RUN_CONFIG, data_fields_on_record
+    from ..training.runs import RUN_CONFIG, data_fields_on_record, data_files_sha256
     from .train import HOW_TO_RUN_FLAGS
 
     config_path, metrics_path = output_dir / RUN_CONFIG, output_dir / "report" / "metrics.json"
@@ -151,6 +151,10 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
     # The data fields with their paths made absolute, as the run recorded them: a relative
     # train_file read from another folder is other data.
     if config.get("data") != json.loads(json.dumps(data_fields_on_record(run.data), default=str)):
+        return None
+    # The files' contents too: a file edited in place keeps its path. A record from before the
+    # checksums were kept has none, and such a run on local files trains again.
+    if config.get("data_sha256", {}) != data_files_sha256(run.data):
         return None
     return {**(report.get("train") or {}), "test": report.get("test"), "baseline": report.get("baseline")}
 

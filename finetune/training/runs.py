@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -177,6 +178,7 @@ def save_run_config(
         "recipe_values": recipe.values,
         "model": asdict(recipe.model),
         "data": data_fields_on_record(recipe.data),
+        "data_sha256": data_files_sha256(recipe.data),
         # Hold-out splits and subsets are drawn with it; evaluate redraws the same ones.
         "seed": recipe.training.seed,
         "data_report": data_report,
@@ -195,6 +197,32 @@ def data_fields_on_record(data: Any) -> dict[str, Any]:
         if data_fields.get(key):
             data_fields[key] = str(Path(data_fields[key]).resolve())
     return data_fields
+
+
+def data_files_sha256(data: Any) -> dict[str, str]:
+    """The SHA-256 of each local data file the recipe reads, by absolute path ({} for a named dataset).
+
+    Recorded so that a finished run is not taken for a run on the same data
+    after its file was edited in place; a named dataset is checked against its
+    catalog checksums when it is fetched.
+    """
+    from ..data.sources import resolve_data_files
+
+    if getattr(data, "dataset_name", None):
+        return {}
+    try:
+        files = resolve_data_files(data)
+    except FinetuneError:
+        return {}  # reading the data says what is wrong, with the fix
+    return {str(path.resolve()): _sha256(path) for path in files.values()}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def find_run_config(model_dir: Path) -> dict[str, Any] | None:
