@@ -741,6 +741,36 @@ def test_inexact_resume_goes_on_when_allowed_and_says_what_changes(run_copy, cap
     assert json.loads((run_dir / "trainer_state.json").read_text())["global_step"] == 2
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_again_with_auto(run_copy, finished_run, capsys):
+    from safetensors.torch import load_file
+
+    # What a kill before the first save leaves: the run record, a checkpoint cut short, the lock file.
+    run_dir = run_copy / "run"
+    for path in run_dir.iterdir():
+        if path.name != "finetune_run.json":
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    (run_dir / ".checkpoint-1.partial").mkdir()
+    (run_dir / ".checkpoint-1.partial" / "model.safetensors").write_bytes(b"cut short")
+    (run_dir / ".finetune.lock").write_text("")
+
+    assert main(["train", str(run_copy / "recipe.yaml"), "--resume_from_checkpoint", "auto"]) == 0
+    assert f"{run_dir}: the run there stopped before its first checkpoint" in capsys.readouterr().err
+    # Trained from the beginning: the same weights as the uninterrupted run.
+    weights, reference = load_file(run_dir / "model.safetensors"), load_file(finished_run / "run" / "model.safetensors")
+    assert weights.keys() == reference.keys()
+    assert all(weights[name].equal(reference[name]) for name in reference)
+
+
+def test_auto_without_a_checkpoint_beside_a_model_is_refused(run_copy, capsys):
+    run_dir = run_copy / "run"
+    for checkpoint in run_dir.glob("checkpoint-*"):
+        shutil.rmtree(checkpoint)
+    before = snapshot(run_dir)
+    error = run_cli(["train", run_copy / "recipe.yaml", "--resume_from_checkpoint", "auto"], capsys)
+    assert error == f"error: no complete checkpoint to resume in {run_dir}; drop --resume_from_checkpoint"
+    assert snapshot(run_dir) == before
+
+
 @pytest.mark.parametrize(
     ("damaged", "message"),
     [

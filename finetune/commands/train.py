@@ -189,6 +189,7 @@ def _checked_resume_point(args: Any) -> str | None:
     With ``allow_inexact_resume`` an inexact resume goes on, after a warning that says what changes.
     """
     from ..training.checkpointing import check_resume, latest_complete_checkpoint
+    from ..training.runs import stopped_before_first_checkpoint
 
     resume = args.resume_from_checkpoint
     if resume is None:
@@ -197,6 +198,16 @@ def _checked_resume_point(args: Any) -> str | None:
         # The newest checkpoint that was written completely; one cut short by a kill is skipped.
         newest = latest_complete_checkpoint(args.output_dir)
         if newest is None:
+            if stopped_before_first_checkpoint(Path(args.output_dir)):
+                # Killed before its first save (a Ctrl-C saves one): starting again loses nothing, and
+                # --overwrite_output_dir would be the only other way, which in --seeds retrains them all.
+                if args.should_log:
+                    print(
+                        f"{args.output_dir}: the run there stopped before its first checkpoint, so it starts again "
+                        "from the beginning",
+                        file=sys.stderr,
+                    )
+                return None
             raise FinetuneError(f"no complete checkpoint to resume in {args.output_dir}; drop --resume_from_checkpoint")
         resume = str(newest)
     for warning in check_resume(resume, args):

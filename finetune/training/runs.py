@@ -50,6 +50,21 @@ def holds_run(folder: Path) -> bool:
     return folder.is_dir() and (any((folder / name).exists() for name in _RUN_MARKERS) or bool(checkpoints(folder)))
 
 
+def stopped_before_first_checkpoint(folder: Path) -> bool:
+    """True when ``folder`` holds only the record of a run stopped before it saved anything.
+
+    ``finetune_run.json`` is written when a run starts; such a run left no
+    model, checkpoint or results beside it, so there is nothing to resume and
+    nothing to lose by starting it again.
+    """
+    others = (name for name in _RUN_MARKERS if name != RUN_CONFIG)
+    return (
+        (folder / RUN_CONFIG).is_file()
+        and not checkpoints(folder)
+        and not any((folder / name).exists() for name in others)
+    )
+
+
 def check_output_dir(output_dir: str, overwrite: bool, resuming: bool) -> None:
     """Refuse an output_dir that is not a folder, or that holds an earlier run, unless overwriting or resuming it.
 
