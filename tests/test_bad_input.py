@@ -17,7 +17,8 @@ ones that once failed). The cases, by family:
 - the run folder: an earlier run kept (with and without --overwrite_output_dir and a later mistake),
   output_dir a file or unwritable, a folder in use by another run, finetune_run.json untouched by a
   refused run;
-- resuming: a missing checkpoint, no optimizer / scheduler / random state, another n, micro-batch or
+- resuming: a missing checkpoint, a run killed before its first checkpoint (starts again), auto beside a
+  model with no checkpoint, no optimizer / scheduler / random state, another n, micro-batch or
   number of processes, a damaged trainer_state.json, model.safetensors or optimizer.pt;
 - faults while training: a full disk or file-size limit at a checkpoint (safetensors and torch.save)
   and at the final save, non-finite weights at the final save, SIGTERM during an evaluation, a
