@@ -15,6 +15,7 @@ ones that once failed). The cases, by family:
 - model: max_length past the model's positions, only pickled weights, a truncated model.safetensors,
   a classifier head for another number of classes;
 - the run folder: an earlier run kept (with and without --overwrite_output_dir and a later mistake),
+  --overwrite_output_dir onto the model (or checkpoint) the run starts from,
   output_dir a file or unwritable, a folder in use by another run, finetune_run.json untouched by a
   refused run;
 - resuming: a missing checkpoint, a run killed before its first checkpoint (starts again), auto beside a
@@ -599,6 +600,24 @@ def test_overwrite_checks_everything_before_deleting(tmp_path, tiny_model_dir, c
     before = earlier_run(run_dir)
     recipe = recipe_with(tmp_path, tiny_model_dir, **fields)
     assert message in run_cli(["train", recipe, "--overwrite_output_dir"], capsys)
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize("start_from", ["run", "run/checkpoint-5"])
+def test_overwrite_never_deletes_the_model_the_run_starts_from(tmp_path, tiny_model_dir, capsys, start_from):
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    run_dir = tmp_path / "run"
+    # An earlier run whose final model (and checkpoint) this run fine-tunes further.
+    shutil.copytree(tiny_model_dir, run_dir / "checkpoint-5")
+    shutil.copytree(tiny_model_dir, run_dir, dirs_exist_ok=True)
+    (run_dir / "finetune_run.json").write_text('{"recipe": "earlier"}')
+    before = snapshot(run_dir)
+    model = tmp_path / start_from
+    recipe = recipe_with(tmp_path, tiny_model_dir, model_name_or_path=str(model))
+    assert run_cli(["train", recipe, "--overwrite_output_dir"], capsys) == (
+        f"error: output_dir {run_dir} holds the model this run starts from ({model}), which "
+        "--overwrite_output_dir would delete; choose another --output_dir"
+    )
     assert snapshot(run_dir) == before
 
 

@@ -25,7 +25,7 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     """
     from ..config.recipes import load_recipe
     from ..training.modeling import check_base_model, check_classifier_head
-    from ..training.runs import check_output_dir, output_dir_lock
+    from ..training.runs import check_base_model_kept, check_output_dir, holds_run, output_dir_lock
 
     # Arguments: recipe, then flags. Everything that can be checked is checked before anything is
     # written, and nothing of an earlier run is deleted before training has started.
@@ -33,6 +33,8 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     args = run.training
     _check_integrations(args.report_to)
     check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=args.resume_from_checkpoint is not None)
+    if args.overwrite_output_dir and args.resume_from_checkpoint is None and holds_run(Path(args.output_dir)):
+        check_base_model_kept(args.output_dir, run.model.model_name_or_path)
     main_process = args.process_index == 0
     # One run per folder: a second one is refused at once rather than colliding with this one's saves.
     with output_dir_lock(args.output_dir) if main_process else contextlib.nullcontext():

@@ -83,6 +83,23 @@ def check_output_dir(output_dir: str, overwrite: bool, resuming: bool) -> None:
         )
 
 
+def check_base_model_kept(output_dir: str, model_name_or_path: str) -> None:
+    """Refuse to overwrite the folder that holds the model a run starts from (or a checkpoint of it).
+
+    ``--overwrite_output_dir`` replaces an earlier run; pointed at the model
+    being fine-tuned, it would delete that model and its checkpoints for good.
+    """
+    model_path = Path(model_name_or_path)
+    if not model_path.exists():
+        return  # a Hub name or a packaged model, not a folder of ours
+    folder, model_path = Path(output_dir).resolve(), model_path.resolve()
+    if model_path == folder or folder in model_path.parents:
+        raise FinetuneError(
+            f"output_dir {output_dir} holds the model this run starts from ({model_name_or_path}), which "
+            "--overwrite_output_dir would delete; choose another --output_dir"
+        )
+
+
 def clear_earlier_run(output_dir: str) -> None:
     """Delete the checkpoints an earlier run left in ``output_dir`` (``--overwrite_output_dir``).
 
