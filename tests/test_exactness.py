@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer, TrainerCallback
 
 from finetune import ReviewTrainer
+from finetune.errors import FinetuneError
 
 # The contract: parameters within 1e-6 of the reference, relative to the reference's norm.
 TOLERANCE = 1e-6
@@ -186,14 +187,22 @@ def imbalanced_dataset(tokenizer, samples: int):
 
 
 @pytest.mark.parametrize(
-    ("samples", "micro_batch", "n", "class_weighting"),
-    [(12, 3, 2, "balanced"), (10, 3, 2, "balanced"), (10, 4, 4, "balanced"), (10, 3, 2, "sqrt")],
+    ("samples", "micro_batch", "n", "class_weighting", "container"),
+    [
+        (12, 3, 2, "balanced", "datasets"),
+        (10, 3, 2, "balanced", "datasets"),
+        (10, 4, 4, "balanced", "datasets"),
+        (10, 3, 2, "sqrt", "datasets"),
+        # A plain sized dataset (here a list of dicts), as a Trainer user may pass: labels read per example.
+        (10, 3, 2, "balanced", "list"),
+    ],
 )
 def test_class_weighted_update_equals_weighted_full_batch_step(
-    initial_model, tokenizer, tmp_path, samples, micro_batch, n, class_weighting
+    initial_model, tokenizer, tmp_path, samples, micro_batch, n, class_weighting, container
 ):
     """Contract with class_weighting balanced or sqrt: each window equals one weighted full-batch step."""
     dataset = imbalanced_dataset(tokenizer, samples)
+    train_set = dataset if container == "datasets" else [dict(row) for row in dataset]
     weights = by_hand_balanced_weights(dataset["labels"], 3)
     if class_weighting == "sqrt":
         weights = weights.sqrt()
@@ -204,9 +213,19 @@ def test_class_weighted_update_equals_weighted_full_batch_step(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trained = trained_parameters(
-            ReviewTrainer, initial_model, dataset, collator, tmp_path, micro_batch, n, class_weighting=class_weighting
+            ReviewTrainer, initial_model, train_set, collator, tmp_path, micro_batch, n, class_weighting=class_weighting
         )
     assert_matches_reference(trained, reference, flat_parameters(initial_model))
+
+
+def test_class_weighting_on_a_dataset_that_cannot_be_indexed_says_what_to_do(initial_model, tokenizer, tmp_path):
+    class Streamed(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter([])
+
+    args = sgd_args(tmp_path, 3, 2, max_steps=1, class_weighting="balanced")
+    with pytest.raises(FinetuneError, match=r"cannot be indexed .* pass class_weights=.* or set class_weighting: none"):
+        ReviewTrainer(model=copy.deepcopy(initial_model), args=args, train_dataset=Streamed())
 
 
 def test_class_weighted_windows_must_be_normalised_by_summed_weights(initial_model, tokenizer, tmp_path, monkeypatch):

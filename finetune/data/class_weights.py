@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from sklearn.utils.class_weight import compute_class_weight
@@ -41,3 +42,34 @@ def class_weights_for(strategy: str, labels: Sequence[int], num_classes: int) ->
         raise FinetuneError(f"class_weighting must be one of {', '.join(CLASS_WEIGHTINGS)} (got {strategy!r})")
     weights = balanced_class_weights(labels, num_classes)
     return [weight**0.5 for weight in weights] if strategy == "sqrt" else weights
+
+
+def training_labels(dataset: Any) -> list[int]:
+    """The class id of every training example, for class weights.
+
+    A ``datasets.Dataset`` gives its ``labels`` (or ``label``) column; any other
+    sized dataset (a ``torch`` Dataset of dicts, a list) is read example by example.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if columns is not None:
+        name = next((name for name in ("labels", "label") if name in columns), None)
+        if name is None:
+            raise FinetuneError(
+                f"class weighting needs a labels column, and the training set has {columns}; "
+                "name the label column 'labels' or set class_weighting: none"
+            )
+        return [int(label) for label in dataset[name]]
+    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise FinetuneError(
+            "class weighting counts the training labels before training, and this training set cannot be "
+            "indexed (an iterable dataset); pass class_weights=[...] to ReviewTrainer or set class_weighting: none"
+        )
+    labels = []
+    for example in (dataset[index] for index in range(len(dataset))):
+        label = example.get("labels", example.get("label")) if isinstance(example, dict) else None
+        if label is None:
+            raise FinetuneError(
+                "class weighting needs each training example's 'labels'; add them or set class_weighting: none"
+            )
+        labels.append(int(label))
+    return labels
