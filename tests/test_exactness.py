@@ -218,14 +218,21 @@ def test_class_weighted_update_equals_weighted_full_batch_step(
     assert_matches_reference(trained, reference, flat_parameters(initial_model))
 
 
-def test_class_weighting_on_a_dataset_that_cannot_be_indexed_says_what_to_do(initial_model, tokenizer, tmp_path):
-    class Streamed(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            return iter([])
+class _TorchStream(torch.utils.data.IterableDataset):
+    def __len__(self):  # a length does not make a stream indexable
+        return 3
 
+    def __iter__(self):
+        return iter([])
+
+
+@pytest.mark.parametrize("streamed", ["torch", "datasets"])
+def test_class_weighting_on_a_streamed_dataset_says_what_to_do(initial_model, tokenizer, tmp_path, streamed):
+    # A datasets stream has a labels "column" too, but reading it would pull the whole stream first.
+    dataset = _TorchStream() if streamed == "torch" else imbalanced_dataset(tokenizer, 10).to_iterable_dataset()
     args = sgd_args(tmp_path, 3, 2, max_steps=1, class_weighting="balanced")
-    with pytest.raises(FinetuneError, match=r"cannot be indexed .* pass class_weights=.* or set class_weighting: none"):
-        ReviewTrainer(model=copy.deepcopy(initial_model), args=args, train_dataset=Streamed())
+    with pytest.raises(FinetuneError, match=r"is streamed .* pass class_weights=.* or set class_weighting: none"):
+        ReviewTrainer(model=copy.deepcopy(initial_model), args=args, train_dataset=dataset)
 
 
 def test_class_weighted_windows_must_be_normalised_by_summed_weights(initial_model, tokenizer, tmp_path, monkeypatch):

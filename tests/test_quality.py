@@ -293,16 +293,30 @@ def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_
     os.utime(seed_7 / "report" / "metrics.json", ns=(later + 10**9, later + 10**9))
     assert finished_run_metrics(str(recipe), flags_7, seed_7) is not None
 
-    # A data file edited in place (same path, other reviews) is other data.
+    # A data file edited in place (same path, other reviews) is other data: going on is refused, not
+    # "resumed" from the finished run's last state, and seed 7 is left as it was.
     train_csv = reviews / "train.csv"
-    train_csv.write_text(train_csv.read_text(encoding="utf-8").replace("great", "grand", 1), encoding="utf-8")
+    original = train_csv.read_text(encoding="utf-8")
+    train_csv.write_text(original.replace("great", "grand", 1), encoding="utf-8")
     assert finished_run_metrics(str(recipe), flags_7, seed_7) is None
-
-    # Other values (another learning rate) are another run: seed 7's folder is not taken as finished.
     (tmp_path / "runs" / "seeds.json").unlink()
     calls.clear()
+    assert main(["train", str(recipe), "--seeds", "2", *flags, "--resume_from_checkpoint", "auto"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"error: {seed_7} already holds a run finished with other recipe values, flags or data files; "
+            "pass --overwrite_output_dir to run the seeds again, or choose another output_dir"
+        )
+    )
+    assert calls == [] and (seed_7 / "model.safetensors").read_bytes() == model_bytes
+    train_csv.write_text(original, encoding="utf-8")
+    os.utime(seed_7 / "report" / "metrics.json", ns=(later + 10**9, later + 10**9))
+
+    # Other values (another learning rate) are another run: seed 7's folder is not taken as finished.
     assert main(["train", str(recipe), "--seeds", "2", *flags, "--learning_rate", "0.01"]) == 2
-    assert "already holds a run" in capsys.readouterr().err and len(calls) == 1
+    assert "already holds a run finished with other recipe values" in capsys.readouterr().err and calls == []
 
 
 # ------------------------------------------------------------------ folds

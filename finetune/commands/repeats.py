@@ -71,6 +71,13 @@ def run_repeats(
             # "--resume_from_checkpoint auto" goes on with the stopped run; the ones not begun start afresh.
             flags = without_flags(flags, {"--resume_from_checkpoint": True})
         metrics = None if overwrite else finished_run_metrics(recipe, flags, repeat.output_dir)
+        if metrics is None and not overwrite and _holds_finished_report(repeat.output_dir):
+            # Going on would "resume" its last checkpoint and keep its model: refused, as train refuses
+            # a folder with a run in it.
+            raise FinetuneError(
+                f"{repeat.output_dir} already holds a run finished with other recipe values, flags or data files; "
+                f"pass --overwrite_output_dir to run the {kind}s again, or choose another output_dir"
+            )
         if metrics is not None:
             print(
                 f"{kind} {repeat.key} ({number} of {len(repeats)}): finished before in {repeat.output_dir} "
@@ -126,9 +133,9 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
     from ..training.runs import RUN_CONFIG, data_fields_on_record, data_files_sha256
     from .train import HOW_TO_RUN_FLAGS
 
-    config_path, metrics_path = output_dir / RUN_CONFIG, output_dir / "report" / "metrics.json"
-    if not (config_path.is_file() and metrics_path.is_file()):
+    if not _holds_finished_report(output_dir):
         return None
+    config_path, metrics_path = output_dir / RUN_CONFIG, output_dir / "report" / "metrics.json"
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
         report = json.loads(metrics_path.read_text(encoding="utf-8"))
@@ -136,10 +143,6 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
         config = report = None
     if not (isinstance(config, dict) and isinstance(report, dict)):
         return None  # damaged: trained again, and train() says what is in the way
-    if metrics_path.stat().st_mtime_ns < config_path.stat().st_mtime_ns:
-        # finetune_run.json is written when a run starts, the report when it ends: this report is an
-        # earlier run's, left beside one that --overwrite_output_dir began and did not finish.
-        return None
 
     def what_is_trained(values: dict[str, Any]) -> dict[str, Any]:
         return {key: value for key, value in values.items() if f"--{key}" not in HOW_TO_RUN_FLAGS}
@@ -157,6 +160,20 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
     if config.get("data_sha256", {}) != data_files_sha256(run.data):
         return None
     return {**(report.get("train") or {}), "test": report.get("test"), "baseline": report.get("baseline")}
+
+
+def _holds_finished_report(output_dir: Path) -> bool:
+    """Whether the run in ``output_dir`` finished: its report is there and newer than its finetune_run.json.
+
+    finetune_run.json is written when a run starts, the report when it ends: an older report is an
+    earlier run's, left beside one that --overwrite_output_dir began and did not finish.
+    """
+    from ..training.runs import RUN_CONFIG
+
+    config_path, metrics_path = output_dir / RUN_CONFIG, output_dir / "report" / "metrics.json"
+    if not (config_path.is_file() and metrics_path.is_file()):
+        return False
+    return metrics_path.stat().st_mtime_ns >= config_path.stat().st_mtime_ns
 
 
 def format_summary(summary: dict[str, Any], kind: str) -> str:

