@@ -19,8 +19,9 @@ ones that once failed). The cases, by family:
   output_dir a file or unwritable, a folder in use by another run, finetune_run.json untouched by a
   refused run;
 - resuming: a missing checkpoint, a run killed before its first checkpoint (starts again), auto beside a
-  model with no checkpoint, data files edited since the run began, no optimizer / scheduler / random
-  state, another n, micro-batch or number of processes, a damaged trainer_state.json, model.safetensors or optimizer.pt;
+  model with no checkpoint, data files edited since the run began (and evaluate's warning), no optimizer /
+  scheduler / random state, another n, micro-batch or number of processes, a damaged trainer_state.json,
+  model.safetensors or optimizer.pt;
 - faults while training: a full disk or file-size limit at a checkpoint (safetensors and torch.save)
   and at the final save, non-finite weights at the final save, SIGTERM during an evaluation, a
   fetch killed part-way;
@@ -806,6 +807,21 @@ def test_resuming_on_edited_data_is_refused_unless_inexact_is_allowed(run_copy, 
     assert main(["train", str(run_copy / "recipe.yaml"), *flags]) == 0
     assert "warning: resuming" in capsys.readouterr().err
     assert json.loads((run_dir / "trainer_state.json").read_text())["global_step"] == 2
+
+
+def test_evaluate_says_when_the_data_changed_since_training(run_copy, finished_run, capsys):
+    # The copy's record points at the copy's data (same bytes), as a run trained there would.
+    record = run_copy / "run" / "finetune_run.json"
+    record.write_text(record.read_text().replace(str(finished_run), str(run_copy)), encoding="utf-8")
+    train_csv = run_copy / "train.csv"
+    assert main(["evaluate", str(run_copy / "run"), "--split", "train", "--no_baseline"]) == 0
+    assert "changed since" not in capsys.readouterr().err
+    train_csv.write_text(train_csv.read_text().replace("great", "grand"), encoding="utf-8")
+    assert main(["evaluate", str(run_copy / "run"), "--split", "train", "--no_baseline"]) == 0
+    assert (
+        f"warning: train.csv changed since {run_copy / 'run'} was trained (other bytes than on record); "
+        "the scores are on the files as they are now"
+    ) in capsys.readouterr().err
 
 
 def test_auto_without_a_checkpoint_beside_a_model_is_refused(run_copy, capsys):

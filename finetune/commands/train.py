@@ -225,18 +225,11 @@ def _check_resume_data(run: Any, resume: str | None) -> None:
     ``allow_inexact_resume`` lets it go on, after a warning naming the files.
     A run recorded before the checksums were kept is not checked.
     """
-    from ..training.runs import data_files_sha256, find_run_config
+    from ..training.runs import changed_data_files, find_run_config
 
     if resume is None:
         return
-    recorded = (find_run_config(Path(resume)) or {}).get("data_sha256")
-    if recorded is None:
-        return
-    current = data_files_sha256(run.data)
-    # By content: the same bytes read from another path (a copied or moved file) are the same data.
-    new = [path for path, digest in current.items() if digest not in recorded.values()]
-    gone = [path for path, digest in recorded.items() if digest not in current.values()]
-    changed = sorted({Path(path).name for path in new + gone})
+    changed = changed_data_files(find_run_config(Path(resume)) or {}, run.data)
     if not changed:
         return
     problem = f"the data files changed since the run began ({', '.join(changed)})"

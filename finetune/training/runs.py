@@ -251,6 +251,22 @@ def data_files_sha256(data: Any) -> dict[str, str]:
     return {str(path.resolve()): _sha256(path) for path in files.values()}
 
 
+def changed_data_files(run_config: dict[str, Any], data: Any) -> list[str]:
+    """The names of the data files whose bytes differ from those a run recorded when it began.
+
+    Compared by content, so the same bytes read from another path (a copied or
+    moved file) are the same data. Empty for a run recorded before the
+    checksums were kept.
+    """
+    recorded = run_config.get("data_sha256")
+    if recorded is None:
+        return []
+    current = data_files_sha256(data)
+    new = [path for path, digest in current.items() if digest not in recorded.values()]
+    gone = [path for path, digest in recorded.items() if digest not in current.values()]
+    return sorted({Path(path).name for path in new + gone})
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
