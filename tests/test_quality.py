@@ -317,6 +317,11 @@ def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_
     # Other values (another learning rate) are another run: seed 7's folder is not taken as finished.
     assert main(["train", str(recipe), "--seeds", "2", *flags, "--learning_rate", "0.01"]) == 2
     assert "already holds a run finished with other recipe values" in capsys.readouterr().err and calls == []
+    # Every folder is checked before any seed trains: with seed 7's folder gone, seed 8's refusal still
+    # comes before seed 7 would have trained for nothing.
+    shutil.rmtree(seed_7)
+    assert main(["train", str(recipe), "--seeds", "2", *flags, "--learning_rate", "0.01"]) == 2
+    assert f"error: {tmp_path / 'runs' / 'seed-8'} already holds a run" in capsys.readouterr().err and calls == []
 
 
 # ------------------------------------------------------------------ folds

@@ -63,8 +63,9 @@ def run_repeats(
         # Asked to run them all again: an earlier summary must not stop a stopped rerun from going on.
         for earlier in (summary_path, folder / f"{kind}s.md"):
             earlier.unlink(missing_ok=True)
-    runs = []
-    for number, repeat in enumerate(repeats, start=1):
+    # Every folder is looked at before any training, so a refusal costs no run's time.
+    planned = []
+    for repeat in repeats:
         # Given last, these win over the same flags among the overrides.
         flags = [*overrides, *repeat.flags, "--output_dir", str(repeat.output_dir)]
         if not holds_run(repeat.output_dir):
@@ -78,6 +79,9 @@ def run_repeats(
                 f"{repeat.output_dir} already holds a run finished with other recipe values, flags or data files; "
                 f"pass --overwrite_output_dir to run the {kind}s again, or choose another output_dir"
             )
+        planned.append((repeat, flags, metrics))
+    runs = []
+    for number, (repeat, flags, metrics) in enumerate(planned, start=1):
         if metrics is not None:
             print(
                 f"{kind} {repeat.key} ({number} of {len(repeats)}): finished before in {repeat.output_dir} "
