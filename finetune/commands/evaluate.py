@@ -298,7 +298,7 @@ def load_labelled_texts(model_dir: Path, data: str | None, split: str, label_nam
     """
     from ..config.arguments import DataArguments
     from ..data.splits import load_labelled_file
-    from ..training.runs import RUN_CONFIG, changed_data_files, find_run_config, load_run_data
+    from ..training.runs import changed_data_files, find_run_config, load_run_data, run_folder
 
     run_config = find_run_config(model_dir)
     if run_config is None and data is None:
@@ -320,10 +320,9 @@ def load_labelled_texts(model_dir: Path, data: str | None, split: str, label_nam
     splits = load_run_data(run_config, data_args).splits
     changed = changed_data_files(run_config, data_args)
     if changed:
-        run_dir = model_dir if (model_dir / RUN_CONFIG).is_file() else model_dir.parent
         print(
-            f"warning: {', '.join(changed)} changed since {run_dir} was trained (other bytes than on record); "
-            "the scores are on the files as they are now",
+            f"warning: {', '.join(changed)} changed since {run_folder(model_dir)} was trained "
+            "(other bytes than on record); the scores are on the files as they are now",
             file=sys.stderr,
         )
     if split not in splits:

@@ -134,7 +134,7 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
     an edited recipe trains again) and the same data files, byte for byte.
     """
     from ..config.recipes import load_recipe
-    from ..training.runs import RUN_CONFIG, data_fields_on_record, data_files_sha256
+    from ..training.runs import RUN_CONFIG, changed_data_files, data_fields_on_record
     from .train import HOW_TO_RUN_FLAGS
 
     if not _holds_finished_report(output_dir):
@@ -161,7 +161,7 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
         return None
     # The files' contents too: a file edited in place keeps its path. A record from before the
     # checksums were kept has none, and such a run on local files trains again.
-    if config.get("data_sha256", {}) != data_files_sha256(run.data):
+    if changed_data_files({"data_sha256": config.get("data_sha256", {})}, run.data):
         return None
     return {**(report.get("train") or {}), "test": report.get("test"), "baseline": report.get("baseline")}
 

@@ -38,8 +38,7 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     main_process = args.process_index == 0
     # One run per folder: a second one is refused at once rather than colliding with this one's saves.
     with output_dir_lock(args.output_dir) if main_process else contextlib.nullcontext():
-        resume = _checked_resume_point(args)
-        _check_resume_data(run, resume)
+        resume = _checked_resume_point(args, run.data)
         check_base_model(run.model, run.data.max_length)
         if run.data.class_names:  # given by the recipe (or its label_bins): checked before any data is read
             check_classifier_head(run.model, len(run.data.class_names))
@@ -186,13 +185,14 @@ def _train_checked(
     return metrics
 
 
-def _checked_resume_point(args: Any) -> str | None:
+def _checked_resume_point(args: Any, data: Any) -> str | None:
     """The checkpoint to resume (``auto``: the newest complete one), refused unless resuming it is exact.
 
-    With ``allow_inexact_resume`` an inexact resume goes on, after a warning that says what changes.
+    Exact includes ``data``'s files holding the bytes the run recorded. With
+    ``allow_inexact_resume`` an inexact resume goes on, after a warning that says what changes.
     """
     from ..training.checkpointing import check_resume, latest_complete_checkpoint
-    from ..training.runs import stopped_before_first_checkpoint
+    from ..training.runs import changed_data_files, find_run_config, stopped_before_first_checkpoint
 
     resume = args.resume_from_checkpoint
     if resume is None:
@@ -213,35 +213,11 @@ def _checked_resume_point(args: Any) -> str | None:
                 return None
             raise FinetuneError(f"no complete checkpoint to resume in {args.output_dir}; drop --resume_from_checkpoint")
         resume = str(newest)
-    for warning in check_resume(resume, args):
+    changed_data = changed_data_files(find_run_config(Path(resume)) or {}, data)
+    for warning in check_resume(resume, args, changed_data):
         if args.should_log:
             print(f"warning: {warning}", file=sys.stderr)
     return resume
-
-
-def _check_resume_data(run: Any, resume: str | None) -> None:
-    """Refuse to resume on data files that changed since the run began (as another n is refused).
-
-    ``allow_inexact_resume`` lets it go on, after a warning naming the files.
-    A run recorded before the checksums were kept is not checked.
-    """
-    from ..training.runs import changed_data_files, find_run_config
-
-    if resume is None:
-        return
-    changed = changed_data_files(find_run_config(Path(resume)) or {}, run.data)
-    if not changed:
-        return
-    problem = f"the data files changed since the run began ({', '.join(changed)})"
-    if not run.training.allow_inexact_resume:
-        raise FinetuneError(
-            f"resuming {resume} cannot equal an uninterrupted run: {problem}; resume with the data it was "
-            "trained on, train afresh with --overwrite_output_dir, or pass --allow_inexact_resume to go on anyway"
-        )
-    if run.training.should_log:
-        print(
-            f"warning: resuming {resume} inexactly: {problem} (the rest of the run reads the new data)", file=sys.stderr
-        )
 
 
 class _OnTrainBegin(TrainerCallback):

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +79,14 @@ def require_readable_safetensors(folder: str | Path) -> None:
             raise FinetuneError(f"{path} is damaged or cut short ({_first_line(error)}); copy or save it again")
 
 
-def check_resume(checkpoint: str | Path, args: Any) -> list[str]:
+def check_resume(checkpoint: str | Path, args: Any, changed_data: Sequence[str] = ()) -> list[str]:
     """Refuse a checkpoint that cannot be resumed, or not exactly; returns what changes when inexact is allowed.
 
     Exact means the resumed run equals the uninterrupted one: the checkpoint must
     hold the optimizer, scheduler and every process's random state, and this run
-    must use the micro-batch, ``gradient_accumulation_steps`` and number of
-    processes it was saved with. ``args.allow_inexact_resume`` turns those
+    must use the micro-batch, ``gradient_accumulation_steps``, number of
+    processes and data files it was saved with (``changed_data`` names the files
+    whose bytes changed since). ``args.allow_inexact_resume`` turns those
     refusals into the returned warnings; a missing or damaged checkpoint is always refused.
     """
     folder = Path(checkpoint)
@@ -118,22 +120,30 @@ def check_resume(checkpoint: str | Path, args: Any) -> list[str]:
         if not present
     ]
     problems = [*(f"it has no {what}" for what in missing), *(f"this run changes {change}" for change in changes)]
+    if changed_data:
+        problems.append(f"the data files changed since the run began ({', '.join(changed_data)})")
     if problems and not getattr(args, "allow_inexact_resume", False):
-        fix = (
-            "resume with the settings it was saved with"
-            if changes and not missing
-            else "resume from a checkpoint saved without save_only_model"
-            if missing and not changes
-            else "resume from a full checkpoint with the settings it was saved with"
-        )
+        fixes = []
+        if missing or changes:
+            fixes.append(
+                "resume with the settings it was saved with"
+                if changes and not missing
+                else "resume from a checkpoint saved without save_only_model"
+                if missing and not changes
+                else "resume from a full checkpoint with the settings it was saved with"
+            )
+        if changed_data:
+            fixes.append("resume with the data it was trained on, train afresh with --overwrite_output_dir")
+        fix = "; ".join(fixes)
         raise FinetuneError(
             f"resuming {folder} cannot equal an uninterrupted run: {'; '.join(problems)}; "
             f"{fix}, or pass --allow_inexact_resume to go on anyway"
         )
-    return [f"resuming {folder} inexactly: {'; '.join(problems)}{_what_changes(missing, changes)}"] if problems else []
+    consequences = _what_changes(missing, changes, bool(changed_data))
+    return [f"resuming {folder} inexactly: {'; '.join(problems)}{consequences}"] if problems else []
 
 
-def _what_changes(missing: list[str], changes: list[str]) -> str:
+def _what_changes(missing: list[str], changes: list[str], changed_data: bool) -> str:
     consequences = []
     if any("optimizer" in what or "scheduler" in what for what in missing):
         consequences.append("the optimizer and the learning-rate schedule start afresh")
@@ -143,6 +153,8 @@ def _what_changes(missing: list[str], changes: list[str]) -> str:
         consequences.append(
             "the rest of the epoch is counted in other windows, so some reviews may be seen twice or skipped"
         )
+    if changed_data:
+        consequences.append("the rest of the run reads the new data")
     return f" ({'; '.join(consequences)})"
 
 

@@ -275,13 +275,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def run_folder(model_dir: Path) -> Path | None:
+    """The run folder a model folder is (or a checkpoint belongs to): the one with ``finetune_run.json``."""
+    return next((folder for folder in (model_dir, model_dir.parent) if (folder / RUN_CONFIG).is_file()), None)
+
+
 def find_run_config(model_dir: Path) -> dict[str, Any] | None:
     """The run config of a model folder or of the run a checkpoint belongs to."""
-    for folder in (model_dir, model_dir.parent):
-        path = folder / RUN_CONFIG
-        if path.is_file():
-            return json.loads(path.read_text(encoding="utf-8"))
-    return None
+    folder = run_folder(model_dir)
+    return None if folder is None else json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8"))
 
 
 def load_run_data(run_config: dict[str, Any], data_args: Any = None) -> Any:
