@@ -28,18 +28,21 @@ class StopOnSignal(TrainerCallback):
         self._saved_after_signal: int | None = None  # the update whose checkpoint the stop saved
 
     def on_train_begin(self, args, state, control, **kwargs):
+        """Install the SIGINT / SIGTERM handlers for the length of training."""
         # Handlers can only be set from the main thread (a notebook's worker thread cannot).
         if threading.current_thread() is threading.main_thread():
             for signum in EXIT_STATUS:
                 self._previous[signum] = signal.signal(signum, self._handle)
 
     def on_step_end(self, args, state, control, **kwargs):
+        """After a signal, save this update's checkpoint and stop."""
         if self._any_process_received(args):
             control.should_save = True
             control.should_training_stop = True
         return control
 
     def on_evaluate(self, args, state, control, **kwargs):
+        """After a signal during an evaluation, save and stop at the update it was made at."""
         # A signal that came during an evaluation: the weights are still those of this update's
         # boundary, so save and stop here rather than after one more update.
         if self._any_process_received(args):
@@ -48,11 +51,13 @@ class StopOnSignal(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, **kwargs):
+        """Note the update whose checkpoint was saved after a signal."""
         if self.received is not None:
             self._saved_after_signal = state.global_step
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):
+        """Skip the epoch-end evaluation and save when a signal stopped the run mid-epoch."""
         # Stopped part-way through an epoch, with this update's checkpoint saved: the epoch-end
         # evaluation and save would only delay the exit (the resumed run makes them when the epoch
         # really ends). At a true epoch end they stay, so the resumed run's history is the same.
@@ -75,6 +80,7 @@ class StopOnSignal(TrainerCallback):
         return stop
 
     def on_train_end(self, args, state, control, **kwargs):
+        """Put the previous signal handlers back."""
         self.restore()
 
     def restore(self) -> None:

@@ -66,12 +66,15 @@ class EvaluationProgressCallback(ProgressCallback):
     """
 
     def on_train_begin(self, args, state, control, **kwargs):
+        """Open no training bar: ``EpochProgressBar`` shows training."""
         return None
 
     def on_step_end(self, args, state, control, **kwargs):
+        """Advance no training bar: ``EpochProgressBar`` shows training."""
         return None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        """Print evaluation results above the bars."""
         # Training loss is on the bar; print evaluation results, which people wait for.
         if state.is_world_process_zero and logs and any(key.startswith("eval_") for key in logs):
             shown = ("eval_loss", "eval_accuracy", "eval_macro_f1")
@@ -79,4 +82,5 @@ class EvaluationProgressCallback(ProgressCallback):
             tqdm.write(f"update {state.global_step} (epoch {state.epoch or 0:.2f}): {numbers}")
 
     def on_train_end(self, args, state, control, **kwargs):
+        """Close no training bar: ``EpochProgressBar`` shows training."""
         return None
