@@ -8,6 +8,9 @@ reference) or against the full-batch reference of the accumulation contract.
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -219,3 +222,189 @@ def test_overridden_training_step_is_called_per_micro_batch_and_stays_exact(init
     assert ours.calls == stock.calls == 5
     expected = reference_full_batch_steps(initial_model, dataset, collator, window_samples=6)
     assert float((flat_parameters(model) - expected).norm() / expected.norm()) < 1e-6
+
+
+# ------------------------------------------ 7. Trainer's loop hooks, overridden by a subclass
+
+
+def _with_loop_hooks(trainer_class):
+    class WithLoopHooks(trainer_class):
+        """A user's subclass overriding the window hook and the log/evaluate/save hook, calling super()."""
+
+        windows_asked: ClassVar[list[int]] = []
+        hook_calls = 0
+
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            type(self).windows_asked.append(num_batches)
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+
+        def _maybe_log_save_evaluate(self, tr_loss, grad_norm, model, trial, epoch, *args, **kwargs):
+            type(self).hook_calls += 1
+            if self.control.should_log:
+                self.log({"my_metric": float(epoch)})
+            return super()._maybe_log_save_evaluate(tr_loss, grad_norm, model, trial, epoch, *args, **kwargs)
+
+    return WithLoopHooks
+
+
+def test_overridden_loop_hooks_are_called_like_stock(initial_model, tokenizer, tmp_path):
+    # 10 samples in micro-batches of 2 over 2 epochs, n=1: 5 windows an epoch.
+    dataset, collator = review_dataset(tokenizer, 10), DataCollatorWithPadding(tokenizer)
+    seen = {}
+    for trainer_class in (Trainer, ReviewTrainer):
+        subclass = _with_loop_hooks(trainer_class)
+        trainer = subclass(
+            model=copy.deepcopy(initial_model),
+            args=quiet_args(
+                tmp_path / trainer_class.__name__,
+                per_device_train_batch_size=2,
+                num_train_epochs=2,
+                logging_strategy="steps",
+                logging_steps=2,
+                train_sampling_strategy="sequential",
+            ),
+            train_dataset=dataset,
+            data_collator=collator,
+        )
+        trainer.train()
+        logged = [entry["my_metric"] for entry in trainer.state.log_history if "my_metric" in entry]
+        seen[trainer_class] = (subclass.windows_asked, subclass.hook_calls, logged)
+    assert seen[ReviewTrainer] == seen[Trainer]
+    assert seen[Trainer][0] == [1] * 10 and seen[Trainer][1] == 12 and len(seen[Trainer][2]) == 5
+
+
+def test_windows_are_drawn_through_get_batch_samples(initial_model, tokenizer, tmp_path):
+    # 10 samples in micro-batches of 2, n=3: windows ask for 3 micro-batches, then the 2 left.
+    dataset, collator = review_dataset(tokenizer, 10), DataCollatorWithPadding(tokenizer)
+    subclass = _with_loop_hooks(ReviewTrainer)
+    model = copy.deepcopy(initial_model)
+    subclass(
+        model=model,
+        args=sgd_args(tmp_path, micro_batch=2, accumulation_steps=3),
+        train_dataset=dataset,
+        data_collator=collator,
+    ).train()
+    assert subclass.windows_asked == [3, 2]
+    expected = reference_full_batch_steps(initial_model, dataset, collator, window_samples=6)
+    assert float((flat_parameters(model) - expected).norm() / expected.norm()) < 1e-6
+
+
+# ------------------------------------------------ 8. a stop asked for inside a window
+
+
+class _StopInsideSecondWindow(TrainerCallback):
+    """Asks the run to stop after the first micro-batch of the second window; counts optimizer steps."""
+
+    def __init__(self):
+        self.optimizer_steps = 0
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            control.should_training_stop = True
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.optimizer_steps += 1
+
+
+def test_stop_inside_a_window_makes_no_further_update_like_stock(initial_model, tokenizer, tmp_path):
+    # 8 samples in micro-batches of 2, n=2: stock stops right after the substep, without an update.
+    dataset, collator = review_dataset(tokenizer, 8), DataCollatorWithPadding(tokenizer)
+    counts = {}
+    for trainer_class in (Trainer, ReviewTrainer):
+        recorder = _StopInsideSecondWindow()
+        model = copy.deepcopy(initial_model)
+        trainer = trainer_class(
+            model=model,
+            args=sgd_args(tmp_path / trainer_class.__name__, micro_batch=2, accumulation_steps=2),
+            train_dataset=dataset,
+            data_collator=collator,
+            callbacks=[recorder],
+        )
+        trainer.train()
+        counts[trainer_class] = (trainer.state.global_step, recorder.optimizer_steps)
+        if trainer_class is ReviewTrainer:
+            # Only the first window was applied, and the stopped window's gradients were not kept.
+            expected = reference_full_batch_steps(initial_model, dataset.select(range(4)), collator, window_samples=4)
+            assert float((flat_parameters(model) - expected).norm() / expected.norm()) < 1e-6
+            assert all(parameter.grad is None for parameter in model.parameters())
+    assert counts[ReviewTrainer] == counts[Trainer] == (1, 1)
+
+
+# ------------------------------------------- 9. checkpoints: the best one, the Hub, no update left
+
+
+def test_a_new_best_checkpoint_names_itself_in_its_state_like_stock(initial_model, tokenizer, tmp_path):
+    dataset, valid = review_dataset(tokenizer, 8, seed=3), review_dataset(tokenizer, 4, seed=4)
+    recorded = {}
+    for trainer_class in (Trainer, ReviewTrainer):
+        output_dir = tmp_path / trainer_class.__name__
+        trainer_class(
+            model=copy.deepcopy(initial_model),
+            args=quiet_args(
+                output_dir,
+                per_device_train_batch_size=2,
+                num_train_epochs=1,
+                learning_rate=1e-3,
+                eval_strategy="steps",
+                eval_steps=1,
+                save_strategy="steps",
+                save_steps=1,
+                metric_for_best_model="loss",
+                load_best_model_at_end=True,
+                train_sampling_strategy="sequential",
+            ),
+            train_dataset=dataset,
+            eval_dataset=valid,
+            data_collator=DataCollatorWithPadding(tokenizer),
+        ).train()
+        recorded[trainer_class] = {
+            folder.name: (json.loads((folder / "trainer_state.json").read_text())["best_model_checkpoint"] or "").split(
+                "/"
+            )[-1]
+            for folder in sorted(output_dir.glob("checkpoint-*"))
+        }
+    assert recorded[ReviewTrainer] == recorded[Trainer]
+    assert any(name == best for name, best in recorded[Trainer].items())  # some checkpoint was a new best
+
+
+def test_checkpoints_are_pushed_to_the_hub_like_stock(initial_model, tokenizer, tmp_path, monkeypatch):
+    pushed = {Trainer: [], ReviewTrainer: []}
+    # No network: the Hub calls are replaced by recorders, on the Trainer class both sides inherit from.
+    monkeypatch.setattr(Trainer, "init_hf_repo", lambda self, token=None, private=None: None)
+    monkeypatch.setattr(
+        Trainer, "_push_from_checkpoint", lambda self, folder: pushed[type(self)].append(Path(folder).name)
+    )
+    monkeypatch.setattr(Trainer, "_finish_current_push", lambda self: None)
+    for trainer_class in (Trainer, ReviewTrainer):
+        trainer_class(
+            model=copy.deepcopy(initial_model),
+            args=quiet_args(
+                tmp_path / trainer_class.__name__,
+                per_device_train_batch_size=2,
+                num_train_epochs=1,
+                save_strategy="steps",
+                save_steps=2,
+                push_to_hub=True,
+                hub_model_id="me/reviews",
+                hub_strategy="every_save",
+            ),
+            train_dataset=review_dataset(tokenizer, 8),
+            data_collator=DataCollatorWithPadding(tokenizer),
+        ).train()
+    assert pushed[ReviewTrainer] == pushed[Trainer] == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_train_loss_of_a_run_with_no_update_left_is_stocks(initial_model, tokenizer, tmp_path):
+    # A finished run resumed from its last checkpoint makes no update.
+    losses = {}
+    for trainer_class in (Trainer, ReviewTrainer):
+        output_dir = tmp_path / trainer_class.__name__
+        for resume in (None, str(output_dir / "checkpoint-4")):
+            result = trainer_class(
+                model=copy.deepcopy(initial_model),
+                args=quiet_args(output_dir, per_device_train_batch_size=2, num_train_epochs=1, save_strategy="epoch"),
+                train_dataset=review_dataset(tokenizer, 8),
+                data_collator=DataCollatorWithPadding(tokenizer),
+            ).train(resume_from_checkpoint=resume)
+        losses[trainer_class] = result.training_loss
+    assert losses[ReviewTrainer] == losses[Trainer] == 0.0

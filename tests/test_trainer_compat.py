@@ -237,9 +237,11 @@ FEATURES = {
     "compute_loss_func": ({}, lambda model: {"compute_loss_func": _mean_over_its_items}),
     "optimizers": ({}, _sgd_with_decaying_rate),
     "optimizer_cls_and_kwargs": ({}, lambda model: {"optimizer_cls_and_kwargs": (torch.optim.SGD, {"lr": 0.2})}),
+    # The epoch's log line holds the grad norm and learning rate of the epoch's last update.
+    "logging_strategy_epoch": (dict(logging_strategy="epoch"), None),
 }
 # What a log line holds that depends on the run, not on the clock.
-LOGGED = ("loss", "learning_rate", "epoch", "step", "eval_loss", "num_input_tokens_seen", "train_loss")
+LOGGED = ("loss", "grad_norm", "learning_rate", "epoch", "step", "eval_loss", "num_input_tokens_seen", "train_loss")
 
 
 @pytest.mark.parametrize(("fields", "make_kwargs"), FEATURES.values(), ids=FEATURES.keys())
@@ -275,6 +277,7 @@ def test_trainer_feature_gives_stock_trainers_run(initial_model, tokenizer, tmp_
     assert torch.equal(our_weights, stock_weights)
     assert our_counts == stock_counts
     assert len(our_logs) == len(stock_logs) and stock_logs
+    assert [sorted(entry) for entry in our_logs] == [sorted(entry) for entry in stock_logs]
     for ours, stock in zip(our_logs, stock_logs):
         assert ours == pytest.approx(stock, rel=1e-6)
 

@@ -8,10 +8,6 @@ contract in the README has one implementation to test.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
-
-T = TypeVar("T")
 
 
 def updates_per_epoch(micro_batches_per_epoch: int, accumulation_steps: int) -> int:
@@ -35,22 +31,6 @@ def total_updates(
 def epochs_to_run(total: int, updates_in_epoch: int) -> int:
     """Epochs (whole or the last one cut short) needed to reach ``total`` updates."""
     return math.ceil(total / updates_in_epoch)
-
-
-def windows(micro_batches: Iterable[T], accumulation_steps: int) -> Iterator[list[T]]:
-    """Group micro-batches into accumulation windows of ``accumulation_steps``.
-
-    The last window of an epoch may be shorter; it is yielded, never dropped,
-    so every sample trains once per epoch.
-    """
-    window: list[T] = []
-    for micro_batch in micro_batches:
-        window.append(micro_batch)
-        if len(window) == accumulation_steps:
-            yield window
-            window = []
-    if window:
-        yield window
 
 
 def micro_batch_weight(micro_samples: int, window_samples: int, num_processes: int = 1) -> float:

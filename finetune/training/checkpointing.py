@@ -238,6 +238,13 @@ class CrashSafeCheckpoints:
         staging = run_dir / f".{final.name}.partial"
         if self.hp_search_backend is None and trial is None:
             self.store_flos()
+        # Trainer's bookkeeping of the best checkpoint, before the state is written, so that a
+        # checkpoint that is the new best names itself in its own trainer_state.json, as stock's does.
+        best_before = self.state.best_model_checkpoint
+        if self.state.best_global_step:
+            best = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}"
+            if best == final or best.is_dir():
+                self.state.best_model_checkpoint = str(best)
         try:
             if self.args.should_save:
                 shutil.rmtree(staging, ignore_errors=True)  # left by a kill during an earlier save
@@ -252,17 +259,15 @@ class CrashSafeCheckpoints:
             # or RuntimeError from safetensors and torch.save: every one leaves a partial folder to remove.
             if self.args.should_save:
                 shutil.rmtree(staging, ignore_errors=True)
+            self.state.best_model_checkpoint = best_before  # this checkpoint does not exist
             previous = latest_complete_checkpoint(run_dir)
             kept = f"the previous checkpoint {previous} is kept" if previous else "no earlier checkpoint exists"
             raise FinetuneError(
                 f"cannot save {final} ({_save_failure(error)}); {kept}; free disk space or choose another output_dir"
             ) from error
 
-        # Trainer's bookkeeping of the best checkpoint, now that this one exists.
-        if self.state.best_global_step:
-            best = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}"
-            if best.is_dir():
-                self.state.best_model_checkpoint = str(best)
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(str(final))  # as stock: every save with hub_strategy every_save / checkpoint
         if self.args.should_save:
             self._rotate_complete_checkpoints(run_dir)
 

@@ -24,7 +24,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -46,7 +46,6 @@ from .accumulation import (
     micro_batch_weight,
     total_updates,
     updates_per_epoch,
-    windows,
 )
 from .checkpointing import CrashSafeCheckpoints
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
@@ -337,10 +336,19 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
 
             if length_known:
                 epoch_batches = with_empty_shares(epoch_batches, micro_batches_per_epoch - micro_step)
-            updates_before_epoch = self.state.global_step
-            for window in windows(epoch_batches, args.gradient_accumulation_steps):
+            updates_before_epoch, stopped_in_window = self.state.global_step, False
+            # As stock: the epoch's end logs the grad norm and learning rate of the epoch's last update.
+            grad_norm: float | None = None
+            learning_rate: float | None = None
+            micro_batches_left = micro_batches_per_epoch - micro_step if length_known else None
+            for window, num_items_in_batch in self._windows(epoch_batches, micro_batches_left):
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                window_loss = self._accumulate_window(model, window, epoch_loss, bar)
+                window_loss = self._accumulate_window(model, window, epoch_loss, bar, num_items_in_batch)
+                if window_loss is None:
+                    # A callback stopped inside the window: as stock, the window makes no update.
+                    model.zero_grad(set_to_none=True)
+                    stopped_in_window = True
+                    break
                 micro_step += len(window)
                 grad_norm, learning_rate = self._update(model, window_loss)
 
@@ -351,11 +359,20 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 bar.finish_update(epoch_loss.mean(), learning_rate)
 
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-                self._log_evaluate_save(model, trial, ignore_keys_for_eval, start_time, grad_norm, learning_rate)
+                self._maybe_log_save_evaluate(
+                    self._loss_since_log.as_stock_tr_loss(self.state.global_step - self._globalstep_last_logged),
+                    grad_norm,
+                    model,
+                    trial,
+                    epoch,
+                    ignore_keys_for_eval,
+                    start_time,
+                    learning_rate=learning_rate,
+                )
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break
             bar.close()
-            ran_dry = not length_known and self.state.global_step == updates_before_epoch
+            ran_dry = not length_known and self.state.global_step == updates_before_epoch and not stopped_in_window
             if ran_dry and not self.control.should_training_stop:
                 # An IterableDataset that ran dry: another pass would give nothing either.
                 logger.warning(
@@ -365,20 +382,70 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 self.control.should_training_stop = True
 
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
-            self._log_evaluate_save(model, trial, ignore_keys_for_eval, start_time, None, self._get_learning_rate())
+            self._maybe_log_save_evaluate(
+                self._loss_since_log.as_stock_tr_loss(self.state.global_step - self._globalstep_last_logged),
+                grad_norm,
+                model,
+                trial,
+                epoch,
+                ignore_keys_for_eval,
+                start_time,
+                learning_rate=learning_rate,
+            )
             if self.control.should_training_stop:
                 break
 
         return self._finalize_training(trial, None, start_time)
 
+    def get_batch_samples(
+        self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
+    ) -> tuple[list[Any], None]:
+        """The next accumulation window: up to ``num_batches`` micro-batches from ``epoch_iterator``.
+
+        Stock Trainer's hook, called once per window, so a subclass can change
+        what a window holds. Stock also returns the items in the window for
+        its loss scaling; here each micro-batch's weight is its share of the
+        window's samples (``micro_batch_weight``), so the count is ``None``.
+        The last window of an epoch may be shorter; it is trained, never dropped.
+        """
+        return list(itertools.islice(epoch_iterator, num_batches)), None
+
+    def _windows(self, epoch_batches: Iterable[Any], micro_batches_left: int | None) -> Iterator[tuple[list[Any], Any]]:
+        """The epoch's windows and their ``num_items_in_batch``, each drawn by ``get_batch_samples``.
+
+        As stock, a window asks for n micro-batches, the last for what is left
+        of the epoch, and no call is made past the epoch's end when its length
+        is known (``micro_batches_left``); otherwise windows are drawn until
+        the data runs out.
+        """
+        iterator = iter(epoch_batches)
+        accumulation_steps = self.args.gradient_accumulation_steps
+        while micro_batches_left is None or micro_batches_left > 0:
+            wanted = accumulation_steps if micro_batches_left is None else min(accumulation_steps, micro_batches_left)
+            window, num_items_in_batch = self.get_batch_samples(iterator, wanted, self.args.device)
+            if not window:
+                return
+            if micro_batches_left is not None:
+                micro_batches_left -= len(window)
+            yield window, num_items_in_batch
+        # Run the dataloader to its end (nothing is left), so Accelerate closes the epoch's iteration.
+        next(iterator, None)
+
     def _accumulate_window(
-        self, model: nn.Module, window: list[dict[str, Any] | None], epoch_loss: _LossTracker, bar: EpochProgressBar
-    ) -> _LossTracker:
+        self,
+        model: nn.Module,
+        window: list[dict[str, Any] | None],
+        epoch_loss: _LossTracker,
+        bar: EpochProgressBar,
+        num_items_in_batch: Any = None,
+    ) -> _LossTracker | None:
         """Forward and backward every micro-batch of one window, weighting each by its share of the window's loss.
 
         A micro-batch's share is its samples over the window's samples (on all
         processes), or with class weights its samples' summed weights over the
         window's. ``None`` is this rank's empty share of a global micro-batch.
+        Returns ``None`` when a callback stops the epoch or the run inside the
+        window (``on_substep_end``), as stock Trainer stops there too.
         """
         micro_masses = [0.0 if inputs is None else self._loss_mass(inputs) for inputs in window]
         window_mass = self._sum_over_processes(sum(micro_masses))
@@ -396,11 +463,13 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                     self.training_step(model, self._stand_in)
                 else:
                     self.micro_batch_weight = micro_batch_weight(mass, window_mass, self.accelerator.num_processes)
-                    mean_loss = self.training_step(model, inputs)
+                    mean_loss = self.training_step(model, inputs, num_items_in_batch)
                     window_loss_sum += mean_loss.double() * mass
             if not is_update_step:
                 bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
+                if self.control.should_epoch_stop or self.control.should_training_stop:
+                    return None
         samples = sum(self._count_samples(inputs) for inputs in window if inputs is not None)
         window_loss = _LossTracker(float(window_loss_sum), sum(micro_masses), samples)
         epoch_loss.add(window_loss)
@@ -577,22 +646,31 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         largest = self.accelerator.reduce(torch.tensor(value, device=self.args.device), reduction="max")
         return int(largest.item())
 
-    def _log_evaluate_save(
+    def _maybe_log_save_evaluate(
         self,
+        tr_loss: torch.Tensor,
+        grad_norm: torch.Tensor | float | None,
         model: nn.Module,
         trial: Any,
+        epoch: float,
         ignore_keys_for_eval: list[str] | None,
         start_time: float,
-        grad_norm: float | None,
-        learning_rate: float,
+        learning_rate: float | None = None,
     ) -> None:
-        """Log, evaluate and save when the callbacks ask for it (Trainer's flow, our loss)."""
+        """Log, evaluate and save when the callbacks ask for it: Trainer's flow and signature, our loss.
+
+        Called after every update and at each epoch's end, as stock, so a
+        subclass that overrides it (to add to the logs, say) and calls
+        ``super()`` works unchanged. ``tr_loss`` is this process's loss since
+        the last log in stock's terms (the per-sample mean times the updates);
+        the logged ``loss`` is the per-sample mean over all processes.
+        """
         if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
             loss_sum, mass, _ = self._loss_since_log.reduced(self.accelerator)
             logs: dict[str, float] = {"loss": loss_sum / mass if mass else float("nan")}
             if grad_norm is not None:
-                logs["grad_norm"] = grad_norm
-            logs["learning_rate"] = learning_rate
+                logs["grad_norm"] = float(grad_norm)
+            logs["learning_rate"] = learning_rate if learning_rate is not None else self._get_learning_rate()
             if self.skipped_updates:
                 logs["skipped_updates"] = self.skipped_updates
             self._loss_since_log = _LossTracker()
@@ -618,7 +696,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         counts the samples it trained.
         """
         loss_sum, mass, samples = self._run_loss.reduced(self.accelerator)
-        train_loss = loss_sum / mass if mass else float("nan")
+        # 0.0 when no update was made (a finished run resumed from its last checkpoint), as stock reports it.
+        train_loss = loss_sum / mass if mass else 0.0
         metrics = speed_metrics(
             "train", start_time, num_samples=samples, num_steps=self.state.global_step - self._initial_global_step
         )
@@ -671,6 +750,10 @@ class _LossTracker:
     def mean(self) -> float:
         """Per-sample (weighted) mean so far (0.0 before any sample)."""
         return self.loss_sum / self.mass if self.mass else 0.0
+
+    def as_stock_tr_loss(self, updates: int) -> torch.Tensor:
+        """What stock Trainer's ``tr_loss`` would hold: a loss per update, summed over ``updates``."""
+        return torch.tensor(self.mean() * updates, dtype=torch.float64)
 
     def reduced(self, accelerator: Any) -> tuple[float, float, int]:
         """``(loss_sum, mass, samples)`` summed over all processes."""
