@@ -1139,3 +1139,107 @@ def test_predict_failing_mid_stream_keeps_the_earlier_output(tiny_model_dir, tmp
     assert "in.jsonl is not JSON Lines (line 1501)" in run_cli(argv, capsys)
     assert output.read_text(encoding="utf-8") == "an earlier output\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.jsonl", "out.csv"]
+
+
+# ------------------------------------------ model folders incomplete or damaged, in every command
+
+
+def _drop_tokenizer(folder: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+
+
+MODEL_FOLDER_FAULTS = {
+    # Without its tokenizer files transformers once built an empty tokenizer (every word [UNK]): exit 0, garbage.
+    "no-tokenizer": (_drop_tokenizer, "has no tokenizer (no tokenizer.json or vocabulary file); copy the tokenizer"),
+    "config-cut-short": (
+        lambda folder: damage(folder / "config.json"),
+        "config.json is damaged or cut short (not JSON",
+    ),
+    "tokenizer-cut-short": (
+        lambda folder: damage(folder / "tokenizer.json"),
+        "tokenizer.json is damaged or cut short (not JSON",
+    ),
+    "weights-cut-short": (lambda folder: damage(folder / "model.safetensors"), "model.safetensors is damaged or cut"),
+}
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate", "export", "train"])
+@pytest.mark.parametrize(("fault", "message"), MODEL_FOLDER_FAULTS.values(), ids=MODEL_FOLDER_FAULTS.keys())
+def test_incomplete_or_damaged_model_folder_is_refused(tmp_path, tiny_model_dir, capsys, command, fault, message):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    fault(model)
+    before = snapshot(tmp_path)
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    argv = {
+        "predict": ["predict", model, "--input", tmp_path / "train.csv"],
+        "evaluate": ["evaluate", model, "--data", tmp_path / "train.csv"],
+        "export": ["export", model, "--int8"],
+        "train": ["train", recipe_with(tmp_path, model)],
+    }[command]
+    error = run_cli(argv, capsys)
+    assert message in error, error
+    assert {path: data for path, data in snapshot(tmp_path).items() if path in before} == before
+    assert not (tmp_path / "model-int8").exists() and not (tmp_path / "run").exists()
+
+
+def test_export_from_inside_the_run_folder(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    # "finetune export . --int8" once failed with a traceback: Path(".") has no name to add "-int8" to.
+    pytest.importorskip("onnxruntime")
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run_dir)
+    monkeypatch.chdir(run_dir)
+    assert main(["export", ".", "--int8", "--backend", "onnxruntime"]) == 0
+    assert (tmp_path / "run-int8" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("names", [["README.md"], ["notes.txt", "README.md", "train.csv", "test.csv"]])
+def test_output_dir_of_someone_elses_files_is_refused(tmp_path, tiny_model_dir, capsys, names):
+    # A run writes its model card as README.md: a dataset's or a notes folder's own README.md was replaced.
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for name in names:
+        (folder / name).write_text(f"my {name}\n", encoding="utf-8")
+    before = snapshot(folder)
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+    assert run_cli(["train", recipe_with(tmp_path, tiny_model_dir, output_dir=str(folder))], capsys) == (
+        f"error: output_dir {folder} is not empty ({shown}) and holds no run; a run writes README.md, "
+        "config.json and more into it, so choose a new or empty --output_dir, or pass --overwrite_output_dir "
+        "to write there anyway (files of the same names are replaced)"
+    )
+    assert snapshot(folder) == before and sorted(path.name for path in folder.iterdir()) == sorted(names)
+
+
+def test_evaluate_on_a_file_named_test_keeps_the_runs_test_results(run_copy, capsys):
+    # --data other/test.csv once wrote evaluation_test.json, errors_test.csv and the pictures over the
+    # run's own test-split results.
+    run_dir = run_copy / "run"
+    assert main(["evaluate", str(run_dir), "--split", "train", "--no_baseline", "--resamples", "10"]) == 0
+    own = {path.name: path.read_bytes() for path in run_dir.glob("*_train.*")}
+    assert "evaluation_train.json" in own
+    other = run_copy / "other"
+    other.mkdir()
+    write_csv(other / "train.csv", GOOD_ROWS)
+    flags = ["--no_baseline", "--resamples", "10"]
+    assert main(["evaluate", str(run_dir), "--data", str(other / "train.csv"), *flags]) == 0
+    assert {path.name: path.read_bytes() for path in run_dir.glob("*_train.*")} == own
+    assert json.loads((run_dir / "evaluation_data-train.json").read_text())[0]["model"].endswith("checkpoint-1")
+    assert (run_dir / "errors_data-train.csv").is_file()
+
+
+def test_tune_journal_damaged_before_its_last_line_is_refused_and_kept(tmp_path, tiny_model_dir, capsys):
+    # Only a last line cut short is a kill's mark (set aside, the search resumes); a bad line before it is not.
+    pytest.importorskip("optuna")
+    search = tmp_path / "search"
+    search.mkdir()
+    journal = search / "trials.journal"
+    journal.write_bytes(b'{"op_code": 0, "worker_id": "w"}\n{"op_code": 5, "wor\n{"op_code": 1}\n')
+    before = snapshot(search)
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    assert run_cli(["tune", recipe_with(tmp_path, tiny_model_dir), "--trials", "1", "--output", search], capsys) == (
+        f"error: {journal} line 2 is damaged (not JSON), so the search cannot resume from it; "
+        "choose another --output to search afresh"
+    )
+    assert snapshot(search) == before

@@ -74,7 +74,7 @@ def test_evaluate_a_checkpoint_on_a_given_file(trained_run, tmp_path, capsys):
     data = tmp_path / "few.csv"
     data.write_text("review,stars\nterrible do not buy,1\nit is fine I guess,3\nexcellent,5\n", encoding="utf-8")
     assert main(["evaluate", str(trained_run / "checkpoint-30"), "--data", str(data)]) == 0
-    report = json.loads((trained_run / "checkpoint-30" / "evaluation_few.json").read_text())[0]
+    report = json.loads((trained_run / "checkpoint-30" / "evaluation_data-few.json").read_text())[0]
     assert report["num_samples"] == 3
 
 

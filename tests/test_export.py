@@ -56,7 +56,7 @@ def test_onnxruntime_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
     labelled = tmp_path / "labelled.csv"
     labelled.write_text("text,label\ngreat value,LABEL_0\nbroke after a week,LABEL_1\nit is fine,LABEL_2\n")
     assert main(["evaluate", str(exported), "--data", str(labelled), "--resamples", "50"]) == 0
-    report = json.loads((exported / "evaluation_labelled.json").read_text())[0]
+    report = json.loads((exported / "evaluation_data-labelled.json").read_text())[0]
     assert report["num_samples"] == 3 and len(report["intervals"]["accuracy"]) == 2
 
 

@@ -412,6 +412,7 @@ def test_folds_leave_out_a_test_split_drawn_from_train():
 def test_tune_runs_trials_and_writes_a_loadable_recipe(tmp_path, tiny_model_dir, monkeypatch):
     pytest.importorskip("optuna")
     import csv
+    import json
 
     from helpers import tiny_recipe
 
@@ -436,6 +437,17 @@ def test_tune_runs_trials_and_writes_a_loadable_recipe(tmp_path, tiny_model_dir,
     # Asked for 3 in all, a second call runs only the one still missing.
     assert main(["tune", str(recipe), "--trials", "3", "--output", "search", *flags]) == 0
     assert len(list(csv.DictReader((tmp_path / "search" / "trials.csv").read_text().splitlines()))) == 3
+
+    # A search killed while optuna wrote a journal line leaves it cut short; resuming sets it aside, keeps
+    # every whole line and goes on (it once gave a JSONDecodeError traceback and appended after the cut).
+    journal_path = tmp_path / "search" / "trials.journal"
+    whole = journal_path.read_bytes()
+    journal_path.write_bytes(whole[:-20])
+    assert main(["tune", str(recipe), "--trials", "4", "--output", "search", *flags]) == 0
+    cut_at = whole[:-20].rindex(b"\n") + 1
+    assert journal_path.read_bytes().startswith(whole[:cut_at])
+    assert (tmp_path / "search" / "trials.journal.cut-short").read_bytes() == whole[cut_at:-20] + b"\n"
+    assert all(json.loads(line) for line in journal_path.read_bytes().splitlines())
 
     # Trials of another recipe or other flags are not mixed into this search.
     journal = (tmp_path / "search" / "trials.journal").read_bytes()

@@ -97,7 +97,9 @@ def evaluate(
         predictions.append(baseline_predictions)
     add_uncertainty(reports, predictions, scoring.labels, label_names, best, resamples, seed)
     print(format_table(reports))
-    scored_on = Path(data).stem if data else split
+    # A file's results are named data-<its stem>: a file named test.csv must not replace the run's
+    # own test-split results (evaluation_test.json, errors_test.csv, the pictures).
+    scored_on = f"data-{Path(data).stem}" if data else split
     written = write_errors_and_calibration(folder, scored_on, scoring, probabilities[best], label_names, reports[best])
     if calibrate:
         written.append(calibrate_model(models[-1], calibration_data, batch_size, probabilities[-1], scoring.labels))

@@ -71,7 +71,8 @@ def export(
     require_openvino() if backend == "openvino" else require_onnx_runtime()
     model_dir = Path(model_path)
     require_model_folder(model_dir)
-    output_dir = Path(output) if output else model_dir.with_name(f"{model_dir.resolve().name}-int8")
+    # Resolved first: "." and ".." (export run from inside the run folder) have no name to add "-int8" to.
+    output_dir = Path(output) if output else model_dir.resolve().with_name(f"{model_dir.resolve().name}-int8")
     if output_dir.exists():
         raise FinetuneError(f"{output_dir} already exists; remove it or pass --output DIR")
     if not output_dir.parent.is_dir():

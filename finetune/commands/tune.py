@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,7 @@ def tune(
 
     searched = _searched(recipe, overrides or [])
     if (folder / JOURNAL).is_file():  # checked before the data is read and the journal opened for writing
+        _mend_cut_short_journal(folder / JOURNAL)
         _check_same_search(_recorded_study(folder), folder, searched)
 
     # Trials compare hyper-parameters on validation; they keep no checkpoints.
@@ -173,6 +175,43 @@ def _storage(folder: Path) -> Any:
     import optuna
 
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(folder / JOURNAL)))
+
+
+def _mend_cut_short_journal(journal: Path) -> None:
+    """Set aside a last line cut short by a kill, so the search resumes; refuse a journal damaged elsewhere.
+
+    Optuna appends one JSON line per change; a search killed while writing one
+    leaves it without its end, and optuna's reader then fails with a traceback.
+    That unfinished change never happened, so the line is moved (not deleted)
+    to ``trials.journal.cut-short`` and the journal kept up to its last whole
+    line. A bad line anywhere else is not a kill's mark: the journal is left
+    as it is and the search refused.
+    """
+    content = journal.read_bytes()
+    whole, _, cut = content.rpartition(b"\n")
+    lines = whole.split(b"\n") if whole else []
+    for number, line in enumerate(lines, start=1):
+        try:
+            json.loads(line)
+        except ValueError:
+            raise FinetuneError(
+                f"{journal} line {number} is damaged (not JSON), so the search cannot resume from it; "
+                "choose another --output to search afresh"
+            ) from None
+    if not cut:
+        return
+    kept = journal.with_name(journal.name + ".cut-short")
+    with kept.open("ab") as handle:
+        handle.write(cut + b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    with journal.open("r+b") as handle:
+        handle.truncate(len(content) - len(cut))
+    print(
+        f"{journal} ended in a line cut short (the search was stopped while writing it); "
+        f"it is set aside in {kept.name} and the search resumes from the whole lines",
+        file=sys.stderr,
+    )
 
 
 def _recorded_study(folder: Path) -> Any:

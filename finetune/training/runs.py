@@ -22,7 +22,7 @@ from typing import Any
 from transformers.trainer_utils import sort_checkpoints
 
 from ..errors import FinetuneError
-from .checkpointing import require_safe_weights
+from .checkpointing import require_readable_safetensors, require_safe_weights, require_tokenizer_and_readable_json
 
 RUN_CONFIG = "finetune_run.json"
 # Held (flock) by the run training into the folder; removed when it ends.
@@ -74,7 +74,21 @@ def check_output_dir(output_dir: str, overwrite: bool, resuming: bool) -> None:
     folder = Path(output_dir)
     if folder.exists() and not folder.is_dir():
         raise FinetuneError(f"output_dir {output_dir} is a file, not a folder; choose another --output_dir")
-    if not holds_run(folder) or resuming:
+    if resuming:
+        return
+    if not holds_run(folder):
+        # A run writes README.md (its model card), config.json, report/ and more: in a folder of someone
+        # else's files (a dataset folder, notes) those of the same name would be replaced without a word.
+        others = (
+            sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) if folder.exists() else []
+        )
+        if others and not overwrite:
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise FinetuneError(
+                f"output_dir {output_dir} is not empty ({shown}) and holds no run; a run writes README.md, "
+                "config.json and more into it, so choose a new or empty --output_dir, or pass "
+                "--overwrite_output_dir to write there anyway (files of the same names are replaced)"
+            )
         return
     if not overwrite:
         raise FinetuneError(
@@ -299,10 +313,12 @@ def load_run_data(run_config: dict[str, Any], data_args: Any = None) -> Any:
 
 
 def require_model_folder(path: Path) -> None:
-    """Raise unless ``path`` holds a loadable model (config and weights)."""
+    """Raise unless ``path`` holds a loadable model: config, safetensors weights not cut short, a tokenizer."""
     if not (path / "config.json").is_file():
         raise FinetuneError(f"{path} holds no model (no config.json); pass a run folder or a checkpoint-* folder")
     weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
     if not weights:
         raise FinetuneError(f"{path} has a config.json but no weights (*.safetensors); the save may have been cut off")
     require_safe_weights(path)
+    require_readable_safetensors(path)
+    require_tokenizer_and_readable_json(path)
