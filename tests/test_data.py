@@ -238,7 +238,7 @@ def test_bad_rows_are_dropped_and_counted(tmp_path):
 
 def test_truncation_side_and_truncated_counts(tokenizer, tmp_path):
     rows = [{"review": "one two three four five six seven eight nine ten", "label": "x"}] + [
-        {"review": "short", "label": "x"}
+        {"review": "short", "label": "y"}  # two classes: one is refused
     ] * 3
     train = write_rows(tmp_path / "train.csv", rows)
     data = load_review_data(DataArguments(train_file=str(train), validation_file=str(train), text_column="review"))

@@ -195,6 +195,8 @@ class DataArguments:
                     "class_names and label_bins disagree; drop class_names, the bins already name the classes"
                 )
             self.class_names = list(self.label_bins)
+        elif self.class_names:  # an empty list, like none, means "take the classes from the data"
+            validate_class_names(self.class_names)
         if self.max_length < 3:
             raise FinetuneError(f"max_length must be >= 3 (got {self.max_length}); try --max_length 256")
         room = self.max_length - 2  # [CLS] and [SEP]
@@ -413,6 +415,25 @@ def validate_accumulation_steps(value: Any) -> int:
     return value
 
 
+def validate_class_names(class_names: list[str]) -> None:
+    """Raise unless ``class_names`` names at least 2 classes, each once.
+
+    ``datasets`` would refuse a name given twice only with a traceback once the
+    data is read, and one class trains a model that can only ever say that class.
+    """
+    twice = sorted({name for name in class_names if class_names.count(name) > 1})
+    if twice:
+        raise FinetuneError(
+            f"class_names names {', '.join(repr(name) for name in twice)} twice; list each class once, "
+            "in id order, e.g. class_names: [negative, positive]"
+        )
+    if len(class_names) < 2:
+        raise FinetuneError(
+            f"class_names names only {class_names[0]!r}, and a classifier needs at least 2 classes; "
+            "list every class, e.g. class_names: [negative, positive], or drop class_names to take them from the data"
+        )
+
+
 _BIN_RANGE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:-\s*(-?\d+(?:\.\d+)?)\s*)?$")
 
 
@@ -458,15 +479,36 @@ def parse_label_bins(value: dict | str | None) -> dict[str, list[float]] | None:
     bins: dict[str, list[float]] = {}
     for name, spec in value.items():
         if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+            ratings = [float(spec)]
             bounds = [float(spec), float(spec)]
         elif isinstance(spec, list) and spec and all(isinstance(x, (int, float)) for x in spec):
-            bounds = [float(min(spec)), float(max(spec))]
+            ratings = [float(x) for x in spec]
+            bounds = [min(ratings), max(ratings)]
         elif isinstance(spec, str) and (match := _BIN_RANGE.match(spec)):
             low = float(match.group(1))
             bounds = [low, float(match.group(2)) if match.group(2) else low]
+            ratings = bounds
+            if bounds[0] > bounds[1]:
+                raise FinetuneError(
+                    f"label_bins entry {name!r}: {spec!r} is backwards; write the low end first, "
+                    f"e.g. {name}={match.group(2)}-{match.group(1)}"
+                )
         else:
             raise FinetuneError(f"label_bins entry {name!r}: {spec!r} is not a rating or range like 1-2")
+        # NaN compares false with everything: a NaN bound matches no rating (min/max even drop it from
+        # [2, .nan]), so the class would only fail later, as having no review.
+        if not all(math.isfinite(rating) for rating in ratings):
+            raise FinetuneError(
+                f"label_bins entry {name!r}: {spec!r} has a bound that is not a finite number; "
+                "give ratings such as [1, 2] or 1-2"
+            )
         bins[str(name)] = bounds
+    if len(bins) < 2:
+        named = f"only the class {next(iter(bins))!r}" if bins else "no class"
+        raise FinetuneError(
+            f"label_bins has {named}, and a classifier needs at least 2 classes; "
+            "give two or more ranges, e.g. 'negative=1-2,positive=4-5'"
+        )
     ordered = sorted(bins.values())
     for (_, high), (next_low, _) in itertools.pairwise(ordered):
         if next_low <= high:

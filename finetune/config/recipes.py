@@ -62,6 +62,12 @@ def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Reci
     parser = build_parser()
     keys = valid_keys(parser)
     for key in values:
+        if not isinstance(key, str):
+            # YAML reads `1:`, `null:` or `true:` as a number, None or a boolean, which no field is named.
+            raise FinetuneError(
+                f"recipe {recipe_path} has the key {_as_yaml(key)}, which is not a field name; recipe keys are "
+                "field names such as learning_rate (run 'finetune train --help' for the valid keys)"
+            )
         if key not in keys:
             raise FinetuneError(f"unknown key '{key}' in {recipe_path}{_suggest(key, keys)}")
 
@@ -196,6 +202,11 @@ def _resolve_aliases(values: dict[str, Any], where: str) -> dict[str, Any]:
                 raise FinetuneError(f"{where} sets both {alias} and {name}; keep one of them")
             resolved[name] = resolved.pop(alias)
     return resolved
+
+
+def _as_yaml(value: Any) -> str:
+    """``value`` as the recipe wrote it: ``1``, ``null``, ``true``."""
+    return yaml.safe_dump(value, default_flow_style=True).splitlines()[0]
 
 
 def _suggest(key: str, keys: set[str]) -> str:

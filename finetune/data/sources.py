@@ -115,9 +115,9 @@ def resolve_data_files(data_args: DataArguments, dataset_dir: str | None = None)
     files.update(overrides)
     files = {split: files[split] for split in SPLITS if split in files}
     if "train" not in files:
-        where = f"in {dataset_dir} " if dataset_dir else ""
+        where = f" in {dataset_dir}" if dataset_dir else ""
         raise FinetuneError(
-            f"no training data {where}; set train_file, put a train.csv in dataset_dir, "
+            f"no training data{where}; set train_file, put a train.csv in dataset_dir, "
             "or name a dataset with dataset_name (see 'finetune data list')"
         )
     for split, path in files.items():

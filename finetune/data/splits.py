@@ -30,6 +30,10 @@ EMPTY_TEXT = "empty text"
 MISSING_LABEL = "missing label"
 OUTSIDE_BINS = "label outside label_bins"
 DROP_REASONS = (EMPTY_TEXT, MISSING_LABEL, OUTSIDE_BINS)
+# What a cell of each column must hold, for the message about a list or mapping (JSON) in one.
+_A_LABEL = "a label must be one number or word, e.g. 5 or positive"
+_A_REVIEW = "a review must be text"
+_A_TITLE = "a title must be text"
 
 
 @dataclass
@@ -92,6 +96,7 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
     tables = {split: _subsample(table, split, data_args, seed) for split, table in raw.tables.items()}
     for split, table in tables.items():
         _check_columns(table, raw.origins[split], data_args)
+        _refuse_nested_values(table, raw, split, data_args)
 
     label_names = resolve_label_names(tables["train"], raw.origins["train"], data_args)
     report = DataReport(source=raw.description)
@@ -142,6 +147,7 @@ def load_labelled_file(path: Path, data_args: DataArguments, label_names: list[s
     if data_args.title_column and data_args.title_column not in table.column_names:
         data_args = dataclasses.replace(data_args, title_column=None)
     _check_columns(table, raw.origins["test"], data_args)
+    _refuse_nested_values(table, raw, "test", data_args)
     rows, dropped = _to_text_and_labels(table, raw, "test", data_args, label_names)
     if any(dropped.values()):
         counts = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n)
@@ -156,23 +162,39 @@ def resolve_label_names(train: datasets.Dataset, origin: str, data_args: DataArg
     feature = train.features[data_args.label_column]
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names)
-    values = [value for value in train[data_args.label_column] if value is not None and value != ""]
+    column = data_args.label_column
+    # Text labels are trimmed as pandas trims numbers (" 5" reads as 5): " neg" and "neg" are one class.
+    values = [_trimmed(value) for value in train[column]]
+    values = [value for value in values if value is not None and value != ""]
+    nested = next((value for value in values if isinstance(value, (list, dict))), None)
+    if nested is not None:
+        raise FinetuneError(_nested_value(origin, "label_column", column, nested, _A_LABEL))
     present = set(values)
     if not present:
-        raise FinetuneError(f"{origin} has no labels in '{data_args.label_column}'; check label_column")
+        raise FinetuneError(f"{origin} has no labels in '{column}'; check label_column")
     if any(isinstance(value, bool) for value in values):
-        raise FinetuneError(_boolean_labels(origin, data_args.label_column))
+        raise FinetuneError(_boolean_labels(origin, column))
     if all(isinstance(value, str) for value in present):
-        return sorted(present)
+        return _at_least_two_classes(sorted(present), origin, column)
     if all(_is_whole_number(value) for value in present):
         ids = sorted({int(value) for value in present})
         if ids == list(range(len(ids))):
-            return [str(value) for value in ids]
+            return _at_least_two_classes([str(value) for value in ids], origin, column)
         raise FinetuneError(
             f"{origin}: integer labels {ids[:10]} are not 0..K-1; "
             "set class_names, or label_bins to group ratings into classes"
         )
     raise FinetuneError(f"{origin}: labels mix numbers and text; set label_bins or class_names in the recipe")
+
+
+def _at_least_two_classes(label_names: list[str], origin: str, column: str) -> list[str]:
+    """``label_names``, unless the data holds one class: its model could only ever say that class."""
+    if len(label_names) < 2:
+        raise FinetuneError(
+            f"{origin}: every label in '{column}' is {label_names[0]!r}, and a classifier needs at least 2 classes; "
+            "check label_column, or set label_bins to group ratings into classes"
+        )
+    return label_names
 
 
 def tokenize_splits(
@@ -220,6 +242,27 @@ def _check_columns(table: datasets.Dataset, origin: str, data_args: DataArgument
                 f"{origin} has no column '{column}' (columns: {', '.join(table.column_names)}); "
                 f"set {option} in the recipe or pass --{option} NAME"
             )
+
+
+def _refuse_nested_values(table: datasets.Dataset, raw: RawSplits, split: str, data_args: DataArguments) -> None:
+    """A list or mapping (from JSON) where a review or label goes: the row could only be str()'d or crash later."""
+    wanted = [("text_column", _A_REVIEW), ("label_column", _A_LABEL)]
+    if data_args.title_column:
+        wanted.append(("title_column", _A_TITLE))
+    for option, rule in wanted:
+        column = getattr(data_args, option)
+        if isinstance(table.features[column], (datasets.Value, datasets.ClassLabel)):
+            continue  # one scalar per row
+        # Every row of a list or struct column holds one; name the first that is not empty.
+        index, value = next(((i, v) for i, v in enumerate(table[column]) if v is not None), (0, None))
+        raise FinetuneError(_nested_value(raw.row_name(split, index), option, column, value, rule))
+
+
+def _nested_value(where: str, option: str, column: str, value: object, rule: str) -> str:
+    """The message for a list or mapping found where one review, title or label goes."""
+    kind = "list" if isinstance(value, list) else "mapping" if isinstance(value, dict) else "nested value"
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    return f"{where}: '{column}' holds a {kind} ({shown}); {rule}: fix the row, or set {option} to another column"
 
 
 def _to_text_and_labels(
@@ -318,6 +361,7 @@ class _RowConverter:
         if isinstance(raw_label, bool):
             # float(True) is 1.0: with label_bins a true/false column would silently become ratings 1 and 0.
             raise FinetuneError(_boolean_labels(where, self.label_column))
+        raw_label = _trimmed(raw_label)
         if self.source_label_names is not None and self.label_bins is None:
             if raw_label < 0:  # datasets' ClassLabel marks "no label" with -1
                 return -1, MISSING_LABEL
@@ -373,6 +417,11 @@ def describe_bins(bins: dict[str, list[float]]) -> str:
     return ", ".join(
         f"{name}={low:g}-{high:g}" if low != high else f"{name}={low:g}" for name, (low, high) in bins.items()
     )
+
+
+def _trimmed(label: object) -> object:
+    """A text label without surrounding whitespace; other labels as they are."""
+    return label.strip() if isinstance(label, str) else label
 
 
 def _as_text(value: object) -> str:
