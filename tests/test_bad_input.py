@@ -1243,3 +1243,30 @@ def test_tune_journal_damaged_before_its_last_line_is_refused_and_kept(tmp_path,
         "choose another --output to search afresh"
     )
     assert snapshot(search) == before
+
+
+def test_predict_input_naming_a_column_twice(tiny_model_dir, tmp_path, capsys):
+    # The second 'review' column was read silently; train refuses such a file.
+    (tmp_path / "in.csv").write_text("review,review\nfirst,second\n", encoding="utf-8")
+    assert run_cli(["predict", tiny_model_dir, "--input", tmp_path / "in.csv"], capsys) == (
+        f"error: {tmp_path / 'in.csv'} has two columns named 'review'; rename one in its header row"
+    )
+
+
+def test_predict_output_naming_a_folder(tiny_model_dir, tmp_path, capsys):
+    # "--output out/" once wrote a file named "out".
+    (tmp_path / "in.csv").write_text("review\ngreat\n", encoding="utf-8")
+    output = f"{tmp_path / 'out'}/"
+    assert run_cli(["predict", tiny_model_dir, "--input", tmp_path / "in.csv", "--output", output], capsys) == (
+        f"error: --output {output} names a folder; give a file name, e.g. {output}predictions.csv"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_data_without_the_runs_column_names_a_fix_evaluate_has(run_copy, capsys):
+    # The fix named was "--text_column NAME", a flag evaluate does not take.
+    write_csv(run_copy / "other.csv", "text,stars\ngreat,5\n")
+    assert run_cli(["evaluate", run_copy / "run", "--data", run_copy / "other.csv"], capsys) == (
+        f"error: {run_copy / 'other.csv'} has no column 'review' (columns: text, stars); "
+        "name the column 'review' in the file, as in the data the run was trained on"
+    )

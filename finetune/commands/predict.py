@@ -58,6 +58,11 @@ def predict(
     # Every check before the model loads: a mistake costs a second, not an inference.
     check_batch_size(batch_size)
     model_dir = Path(model_path)
+    if output_path and output_path.endswith(("/", os.sep)):
+        # Path() drops the slash, so "out/" would become a file named "out".
+        raise FinetuneError(
+            f"--output {output_path} names a folder; give a file name, e.g. {output_path}predictions.csv"
+        )
     if output_path and Path(output_path).exists() and not overwrite:
         raise FinetuneError(f"{output_path} already exists; pass --overwrite to replace it or choose another --output")
     suffix = Path(output_path).suffix.lower() if output_path else ""
@@ -236,6 +241,11 @@ def _csv_rows(handle: IO[str], input_path: str, delimiter: str) -> Iterator[dict
         # TSV files are often written without quoting, so a review that opens with a quoted word
         # ("Best" buy ever) is read as before rather than refused.
         reader = csv.DictReader(handle, delimiter=delimiter, strict=delimiter == ",")
+        # DictReader keeps the last of two same-named columns; which one was meant is not knowable.
+        header = reader.fieldnames or []
+        twice = next((name for index, name in enumerate(header) if name and name in header[:index]), None)
+        if twice is not None:
+            raise FinetuneError(f"{input_path} has two columns named '{twice}'; rename one in its header row")
         row_number = 1
         while True:
             try:

@@ -146,7 +146,7 @@ def load_labelled_file(path: Path, data_args: DataArguments, label_names: list[s
     table = raw.tables["test"]
     if data_args.title_column and data_args.title_column not in table.column_names:
         data_args = dataclasses.replace(data_args, title_column=None)
-    _check_columns(table, raw.origins["test"], data_args)
+    _check_columns(table, raw.origins["test"], data_args, scoring_a_run=True)
     _refuse_nested_values(table, raw, "test", data_args)
     rows, dropped = _to_text_and_labels(table, raw, "test", data_args, label_names)
     if any(dropped.values()):
@@ -232,16 +232,19 @@ def _subsample(table: datasets.Dataset, split: str, data_args: DataArguments, se
     return table.shuffle(seed=seed).select(range(limit)).flatten_indices()
 
 
-def _check_columns(table: datasets.Dataset, origin: str, data_args: DataArguments) -> None:
+def _check_columns(table: datasets.Dataset, origin: str, data_args: DataArguments, scoring_a_run: bool = False) -> None:
     wanted = [("text_column", data_args.text_column), ("label_column", data_args.label_column)]
     if data_args.title_column:
         wanted.append(("title_column", data_args.title_column))
     for option, column in wanted:
         if column not in table.column_names:
-            raise FinetuneError(
-                f"{origin} has no column '{column}' (columns: {', '.join(table.column_names)}); "
-                f"set {option} in the recipe or pass --{option} NAME"
+            # A trained run reads its recorded columns; only the file can change (evaluate has no column flags).
+            fix = (
+                f"name the column '{column}' in the file, as in the data the run was trained on"
+                if scoring_a_run
+                else f"set {option} in the recipe or pass --{option} NAME"
             )
+            raise FinetuneError(f"{origin} has no column '{column}' (columns: {', '.join(table.column_names)}); {fix}")
 
 
 def _refuse_nested_values(table: datasets.Dataset, raw: RawSplits, split: str, data_args: DataArguments) -> None:
