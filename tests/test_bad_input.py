@@ -32,7 +32,13 @@ ones that once failed). The cases, by family:
   --output of an unknown type, ten million bootstrap resamples or a negative bootstrap seed, one
   run named twice, tune into a folder that holds no search, a bench or baseline --output into a
   missing folder or onto an earlier file, a failure part-way through a stream, --calibrate on a run
-  trained without a validation split.
+  trained without a validation split;
+- found since: a model folder without a tokenizer or with config.json, tokenizer.json or
+  model.safetensors cut short (in predict, evaluate, export and train), export of "." from inside a
+  run, an output_dir of someone else's files, evaluate --data on a file named like a split, a tune
+  journal damaged before its last line (a cut-short last line resumes: tests/test_quality.py), a
+  predict input naming a column twice or an --output ending in a slash, evaluate --data without the
+  run's text column. Labels and recipe keys are in tests/test_bad_labels.py.
 """
 
 from __future__ import annotations
