@@ -1157,7 +1157,7 @@ def _drop_tokenizer(folder: Path) -> None:
 
 MODEL_FOLDER_FAULTS = {
     # Without its tokenizer files transformers once built an empty tokenizer (every word [UNK]): exit 0, garbage.
-    "no-tokenizer": (_drop_tokenizer, "has no tokenizer (no tokenizer.json or vocabulary file); copy the tokenizer"),
+    "no-tokenizer": (_drop_tokenizer, "has no tokenizer (no tokenizer.json or vocabulary file, so every word would"),
     "config-cut-short": (
         lambda folder: damage(folder / "config.json"),
         "config.json is damaged or cut short (not JSON",
@@ -1178,10 +1178,12 @@ def test_incomplete_or_damaged_model_folder_is_refused(tmp_path, tiny_model_dir,
     fault(model)
     before = snapshot(tmp_path)
     write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    # A model that is not a run is scored on a "text" column, its labels its class ids.
+    write_csv(tmp_path / "scored.csv", "text,label\ngreat,2\nawful,0\nfine,1\n")
     argv = {
         "predict": ["predict", model, "--input", tmp_path / "train.csv"],
-        "evaluate": ["evaluate", model, "--data", tmp_path / "train.csv"],
-        "export": ["export", model, "--int8"],
+        "evaluate": ["evaluate", model, "--data", tmp_path / "scored.csv"],
+        "export": ["export", model, "--int8", "--backend", "onnxruntime"],
         "train": ["train", recipe_with(tmp_path, model)],
     }[command]
     error = run_cli(argv, capsys)
@@ -1198,6 +1200,11 @@ def test_export_from_inside_the_run_folder(tmp_path, tiny_model_dir, monkeypatch
     monkeypatch.chdir(run_dir)
     assert main(["export", ".", "--int8", "--backend", "onnxruntime"]) == 0
     assert (tmp_path / "run-int8" / "config.json").is_file()
+    # Reached through a symlink, the copy goes beside the link, named after it.
+    (tmp_path / "latest").symlink_to(run_dir)
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "latest", "--int8", "--backend", "onnxruntime"]) == 0
+    assert (tmp_path / "latest-int8" / "config.json").is_file()
 
 
 @pytest.mark.parametrize("names", [["README.md"], ["notes.txt", "README.md", "train.csv", "test.csv"]])
@@ -1276,3 +1283,18 @@ def test_evaluate_data_without_the_runs_column_names_a_fix_evaluate_has(run_copy
         f"error: {run_copy / 'other.csv'} has no column 'review' (columns: text, stars); "
         "name the column 'review' in the file, as in the data the run was trained on"
     )
+
+
+def test_model_folder_with_only_a_vocabulary_file_is_not_refused(tmp_path, tiny_model_dir, capsys):
+    # The check is on the loaded tokenizer, not on file names: a slow tokenizer's vocab.txt (or a
+    # SentencePiece spm.model) without tokenizer.json still loads a whole vocabulary.
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    vocabulary = AutoTokenizer.from_pretrained(tiny_model_dir).get_vocab()
+    _drop_tokenizer(model)
+    (model / "vocab.txt").write_text("".join(f"{token}\n" for token in sorted(vocabulary, key=vocabulary.get)))
+    write_csv(tmp_path / "in.csv", "review\ngreat\n")
+    assert main(["predict", str(model), "--input", str(tmp_path / "in.csv")]) == 0
+    assert "great," in capsys.readouterr().out

@@ -330,6 +330,46 @@ def test_stop_inside_a_window_makes_no_further_update_like_stock(initial_model, 
     assert counts[ReviewTrainer] == counts[Trainer] == (1, 1)
 
 
+class _StopInsideFirstWindowOfEpoch2(TrainerCallback):
+    """Asks the run to stop after the first micro-batch of epoch 2 (update 5 of a run of 4 updates an epoch)."""
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        if state.global_step == 4:
+            control.should_training_stop = True
+
+
+def test_stop_inside_a_window_leaves_every_checkpoint_exact(tiny_dropout_model_dir, tokenizer, tmp_path):
+    # Stock saves again at the epoch's end, over checkpoint-4, with the random state the abandoned window
+    # drew: resumed from it, a run with dropout drifts (relative 1e-3). Ours keeps checkpoint-4 exact.
+    dataset, collator = review_dataset(tokenizer, 16), DataCollatorWithPadding(tokenizer)
+
+    def run(output_dir, resume=None, callbacks=()):
+        model = BertForSequenceClassification.from_pretrained(tiny_dropout_model_dir)
+        args = quiet_args(
+            output_dir,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            num_train_epochs=2,
+            learning_rate=1e-3,
+            save_strategy="epoch",
+            train_sampling_strategy="sequential",
+        )
+        trainer = ReviewTrainer(
+            model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=list(callbacks)
+        )
+        trainer.train(resume_from_checkpoint=resume)
+        return flat_parameters(model)
+
+    uninterrupted = run(tmp_path / "whole")
+    run(tmp_path / "stopped", callbacks=[_StopInsideFirstWindowOfEpoch2()])
+    stopped = tmp_path / "stopped"
+    assert sorted(path.name for path in stopped.glob("checkpoint-*")) == ["checkpoint-4"]
+    assert (stopped / "checkpoint-4" / "rng_state.pth").read_bytes() == (
+        tmp_path / "whole" / "checkpoint-4" / "rng_state.pth"
+    ).read_bytes()
+    assert torch.equal(run(stopped, resume=str(stopped / "checkpoint-4")), uninterrupted)
+
+
 # ------------------------------------------- 9. checkpoints: the best one, the Hub, no update left
 
 

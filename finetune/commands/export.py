@@ -11,6 +11,7 @@ whose int8 top-two probabilities are within ``MARGIN`` (:mod:`finetune.evaluatio
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -71,8 +72,10 @@ def export(
     require_openvino() if backend == "openvino" else require_onnx_runtime()
     model_dir = Path(model_path)
     require_model_folder(model_dir)
-    # Resolved first: "." and ".." (export run from inside the run folder) have no name to add "-int8" to.
-    output_dir = Path(output) if output else model_dir.resolve().with_name(f"{model_dir.resolve().name}-int8")
+    # Made absolute first: "." and ".." (export run from inside the run folder) have no name to add "-int8"
+    # to. abspath, not resolve: a run reached through a symlink gets its copy beside the link, where it was named.
+    absolute = Path(os.path.abspath(model_dir))
+    output_dir = Path(output) if output else absolute.with_name(f"{absolute.name}-int8")
     if output_dir.exists():
         raise FinetuneError(f"{output_dir} already exists; remove it or pass --output DIR")
     if not output_dir.parent.is_dir():

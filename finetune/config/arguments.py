@@ -496,10 +496,11 @@ def parse_label_bins(value: dict | str | None) -> dict[str, list[float]] | None:
         else:
             raise FinetuneError(f"label_bins entry {name!r}: {spec!r} is not a rating or range like 1-2")
         # NaN compares false with everything: a NaN bound matches no rating (min/max even drop it from
-        # [2, .nan]), so the class would only fail later, as having no review.
-        if not all(math.isfinite(rating) for rating in ratings):
+        # [2, .nan]), so the class would only fail later, as having no review. An infinite bound is an
+        # open end ([4, .inf]) and stays allowed.
+        if any(math.isnan(rating) for rating in ratings):
             raise FinetuneError(
-                f"label_bins entry {name!r}: {spec!r} has a bound that is not a finite number; "
+                f"label_bins entry {name!r}: {spec!r} has a bound that is not a number (NaN); "
                 "give ratings such as [1, 2] or 1-2"
             )
         bins[str(name)] = bounds

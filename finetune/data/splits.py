@@ -30,6 +30,8 @@ EMPTY_TEXT = "empty text"
 MISSING_LABEL = "missing label"
 OUTSIDE_BINS = "label outside label_bins"
 DROP_REASONS = (EMPTY_TEXT, MISSING_LABEL, OUTSIDE_BINS)
+# The version of the rules that turn a raw row into text and label (2: text labels trimmed).
+CONVERSION_RULES = 2
 # What a cell of each column must hold, for the message about a list or mapping (JSON) in one.
 _A_LABEL = "a label must be one number or word, e.g. 5 or positive"
 _A_REVIEW = "a review must be text"
@@ -337,6 +339,9 @@ class _RowConverter:
         self.origin = origin
         self.first_row_number = first_row_number
         self.source_label_names = source_label_names
+        # datasets' cache key hashes these attributes, not the code below: bump this whenever the
+        # conversion's rules change, or a cached conversion made by the old rules is reused.
+        self.rules = CONVERSION_RULES
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         texts = [_as_text(value) for value in batch[self.text_column]]
@@ -379,8 +384,10 @@ class _RowConverter:
                     return class_id, ""
             return -1, OUTSIDE_BINS
         if isinstance(raw_label, str):
-            if raw_label in self.label_names:
-                return self.label_names.index(raw_label), ""
+            # Names trimmed too: a run trained before labels were trimmed recorded " neg" as a class name.
+            names = [_trimmed(name) for name in self.label_names]
+            if raw_label in names:
+                return names.index(raw_label), ""
             raise FinetuneError(
                 f"{where}: unknown label {raw_label!r} (known: {', '.join(self.label_names)}); "
                 "fix the row or set class_names"

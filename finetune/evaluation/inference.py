@@ -33,16 +33,16 @@ def is_exported_folder(folder: Path) -> bool:
 
 def require_inference_folder(model_dir: Path) -> None:
     """Raise unless ``model_dir`` holds a model to predict with: PyTorch weights, or an int8 export."""
-    from ..training.checkpointing import require_tokenizer_and_readable_json
+    from ..training.checkpointing import require_readable_model_json
     from ..training.runs import require_model_folder
 
     if is_openvino_folder(model_dir):
         require_openvino()
-        require_tokenizer_and_readable_json(model_dir)
+        require_readable_model_json(model_dir)
         return
     if is_onnx_folder(model_dir):
         require_onnx_runtime()
-        require_tokenizer_and_readable_json(model_dir)
+        require_readable_model_json(model_dir)
         return
     require_model_folder(model_dir)
 
@@ -54,8 +54,11 @@ def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]
     """
     from transformers import AutoTokenizer
 
+    from ..training.checkpointing import require_vocabulary
+
     require_inference_folder(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    require_vocabulary(tokenizer, model_dir)
     if not is_exported_folder(model_dir):
         return _load_pytorch_classifier(model_dir), tokenizer
     int8 = OpenVinoClassifier(model_dir) if is_openvino_folder(model_dir) else OnnxClassifier(model_dir)

@@ -25,17 +25,6 @@ from ..errors import FinetuneError
 COMPLETE_MARKER = "finetune_checkpoint_complete.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-# What a tokenizer is saved as: a fast tokenizer's one file, or a slow one's vocabulary (WordPiece,
-# BPE or SentencePiece). Without any of them transformers builds an empty tokenizer that reads
-# every word as [UNK], and every prediction is made from nothing.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "vocab.txt",
-    "vocab.json",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "tokenizer.model",
-)
 # The JSON files a model folder is loaded from: cut short, each gives a JSONDecodeError traceback.
 MODEL_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # The settings a resumed run must share with the checkpoint's to continue it exactly (kept in the marker).
@@ -92,13 +81,8 @@ def require_readable_safetensors(folder: str | Path) -> None:
             raise FinetuneError(f"{path} is damaged or cut short ({_first_line(error)}); copy or save it again")
 
 
-def require_tokenizer_and_readable_json(folder: str | Path) -> None:
-    """Refuse a model folder with no tokenizer files, or whose config or tokenizer JSON is damaged.
-
-    Checked before loading: transformers would otherwise load a folder without
-    a tokenizer with an empty one (every word an unknown token, exit 0) and
-    give a traceback for a JSON file cut short.
-    """
+def require_readable_model_json(folder: str | Path) -> None:
+    """Refuse a model folder whose config or tokenizer JSON is damaged (cut short), before it loads with a traceback."""
     folder = Path(folder)
     for name in MODEL_JSON_FILES:
         path = folder / name
@@ -109,10 +93,21 @@ def require_tokenizer_and_readable_json(folder: str | Path) -> None:
                 raise FinetuneError(
                     f"{path} is damaged or cut short (not JSON: {_first_line(error)}); copy or save the model again"
                 ) from None
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+
+
+def require_vocabulary(tokenizer: Any, folder: str | Path) -> None:
+    """Refuse a tokenizer that knows only its special tokens: the model folder had no vocabulary file.
+
+    transformers loads a folder without tokenizer files as an empty tokenizer
+    that reads every word as an unknown token, and every prediction would be
+    made from nothing, with exit status 0. Checked on the loaded tokenizer,
+    not by file names, which differ between tokenizers (tokenizer.json,
+    vocab.txt, spm.model, ...).
+    """
+    if len(tokenizer) <= len(set(tokenizer.all_special_tokens)):
         raise FinetuneError(
-            f"{folder} has no tokenizer (no tokenizer.json or vocabulary file); copy the tokenizer files of the "
-            "model it was trained from into it (tokenizer.save_pretrained)"
+            f"{folder} has no tokenizer (no tokenizer.json or vocabulary file, so every word would be unknown); "
+            "copy the tokenizer files of the model it was trained from into it (tokenizer.save_pretrained)"
         )
 
 

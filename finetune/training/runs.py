@@ -22,7 +22,7 @@ from typing import Any
 from transformers.trainer_utils import sort_checkpoints
 
 from ..errors import FinetuneError
-from .checkpointing import require_readable_safetensors, require_safe_weights, require_tokenizer_and_readable_json
+from .checkpointing import require_readable_model_json, require_readable_safetensors, require_safe_weights
 
 RUN_CONFIG = "finetune_run.json"
 # Held (flock) by the run training into the folder; removed when it ends.
@@ -321,4 +321,4 @@ def require_model_folder(path: Path) -> None:
         raise FinetuneError(f"{path} has a config.json but no weights (*.safetensors); the save may have been cut off")
     require_safe_weights(path)
     require_readable_safetensors(path)
-    require_tokenizer_and_readable_json(path)
+    require_readable_model_json(path)

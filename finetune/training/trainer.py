@@ -382,6 +382,11 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 self.control.should_training_stop = True
 
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+            if stopped_in_window:
+                # Stock saves here, with the random state the abandoned window drew: a run resumed from
+                # that checkpoint would drift from an uninterrupted one. The weights are those of the last
+                # update boundary, whose checkpoint (if one was due) is exact, so no save is made here.
+                self.control.should_save = False
             self._maybe_log_save_evaluate(
                 self._loss_since_log.as_stock_tr_loss(self.state.global_step - self._globalstep_last_logged),
                 grad_norm,
