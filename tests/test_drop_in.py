@@ -448,3 +448,26 @@ def test_train_loss_of_a_run_with_no_update_left_is_stocks(initial_model, tokeni
             ).train(resume_from_checkpoint=resume)
         losses[trainer_class] = result.training_loss
     assert losses[ReviewTrainer] == losses[Trainer] == 0.0
+
+
+def test_resuming_a_finished_max_steps_run_makes_no_update(initial_model, tokenizer, tmp_path):
+    # max_steps=3 ends mid-epoch (4 micro-batches an epoch). Stock Trainer, resumed from checkpoint-3, makes
+    # a 4th update, as its stop is checked only after an update; the run was finished, so none is made here.
+    dataset, collator = review_dataset(tokenizer, 8), DataCollatorWithPadding(tokenizer)
+    steps = {}
+    for trainer_class in (Trainer, ReviewTrainer):
+        output_dir = tmp_path / trainer_class.__name__
+        for resume in (None, str(output_dir / "checkpoint-3")):
+            model = copy.deepcopy(initial_model)
+            trainer = trainer_class(
+                model=model,
+                args=sgd_args(output_dir, micro_batch=2, accumulation_steps=1, max_steps=3, save_strategy="steps"),
+                train_dataset=dataset,
+                data_collator=collator,
+            )
+            trainer.train(resume_from_checkpoint=resume)
+        steps[trainer_class] = trainer.state.global_step
+        if trainer_class is ReviewTrainer:
+            saved = BertForSequenceClassification.from_pretrained(output_dir / "checkpoint-3")
+            assert torch.equal(flat_parameters(model), flat_parameters(saved))
+    assert steps == {Trainer: 4, ReviewTrainer: 3}

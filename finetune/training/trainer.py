@@ -308,7 +308,10 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         if args.eval_on_start:
             self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
 
-        for epoch in range(start_epoch, num_epochs):
+        # A run resumed from its final checkpoint has nothing left to do. Stock Trainer makes one more
+        # update when that checkpoint is mid-epoch (a max_steps run): its stop is checked after each update.
+        finished = self.state.global_step >= self.state.max_steps > 0
+        for epoch in range(start_epoch, num_epochs if not finished else start_epoch):
             epoch_batches = self._epoch_batches(train_dataloader, epoch)
             micro_step = 0  # micro-batches consumed this epoch
             if epoch == start_epoch and micro_batches_done > 0:
