@@ -1298,3 +1298,35 @@ def test_model_folder_with_only_a_vocabulary_file_is_not_refused(tmp_path, tiny_
     write_csv(tmp_path / "in.csv", "review\ngreat\n")
     assert main(["predict", str(model), "--input", str(tmp_path / "in.csv")]) == 0
     assert "great," in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", ['{"recipe_val', "[1, 2]"], ids=["cut-short", "not-an-object"])
+@pytest.mark.parametrize("command", ["predict", "evaluate", "resume"])
+def test_damaged_run_record_is_named(run_copy, capsys, command, content):
+    # finetune_run.json says how the model reads reviews; damaged, it gave a JSONDecodeError traceback.
+    run_dir = run_copy / "run"
+    (run_dir / "finetune_run.json").write_text(content, encoding="utf-8")
+    write_csv(run_copy / "in.csv", "review\ngreat\n")
+    before = snapshot(run_dir)
+    argv = {
+        "predict": ["predict", run_dir, "--input", run_copy / "in.csv"],
+        "evaluate": ["evaluate", run_dir],
+        "resume": ["train", run_copy / "recipe.yaml", "--resume_from_checkpoint", "auto"],
+    }[command]
+    problem = "not a JSON object" if content.startswith("[") else "not JSON: "
+    error = run_cli(argv, capsys)
+    assert error.startswith(f"error: {run_dir / 'finetune_run.json'} is damaged or cut short ({problem}")
+    assert error.endswith("restore it from a copy of the run, or train the run again")
+    assert snapshot(run_dir) == before
+
+
+def test_seeds_with_a_checkpoint_path_is_refused(tmp_path, tiny_model_dir, capsys):
+    # The path was dropped without a word and every seed trained from the beginning.
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    flags = ["--seeds", "2", "--resume_from_checkpoint", str(tmp_path / "elsewhere" / "checkpoint-9")]
+    assert run_cli(["train", recipe_with(tmp_path, tiny_model_dir), *flags], capsys) == (
+        f"error: with --seeds each seed goes on from its own folder, so resume_from_checkpoint takes only auto "
+        f"(got {tmp_path / 'elsewhere' / 'checkpoint-9'}); pass --resume_from_checkpoint auto, or train that one "
+        "run without --seeds"
+    )
+    assert not (tmp_path / "run").exists()

@@ -50,9 +50,17 @@ def run_repeats(
     is not trained again (unless ``overwrite``): its scores are read back, so a
     stopped ``--seeds 3`` goes on from where it stopped.
     """
+    from ..config.recipes import load_recipe
     from ..training.runs import holds_run
     from .train import HOW_TO_RUN_FLAGS, train, without_flags
 
+    resume = load_recipe(recipe, overrides).training.resume_from_checkpoint
+    if resume is not None and str(resume) != "auto":
+        # One checkpoint cannot be where every run goes on from; it was dropped without a word.
+        raise FinetuneError(
+            f"with --{kind}s each {kind} goes on from its own folder, so resume_from_checkpoint takes only auto "
+            f"(got {resume}); pass --resume_from_checkpoint auto, or train that one run without --{kind}s"
+        )
     summary_path = folder / f"{kind}s.json"
     if summary_path.exists() and not overwrite:
         raise FinetuneError(

@@ -297,7 +297,21 @@ def run_folder(model_dir: Path) -> Path | None:
 def find_run_config(model_dir: Path) -> dict[str, Any] | None:
     """The run config of a model folder or of the run a checkpoint belongs to."""
     folder = run_folder(model_dir)
-    return None if folder is None else json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8"))
+    if folder is None:
+        return None
+    path = folder / RUN_CONFIG
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        config, problem = None, f"not JSON: {str(error).splitlines()[0][:80]}"
+    else:
+        problem = "not a JSON object"
+    if not isinstance(config, dict):
+        # It says how the model reads reviews (columns, max_length, cleaning): guessing would score other text.
+        raise FinetuneError(
+            f"{path} is damaged or cut short ({problem}); restore it from a copy of the run, or train the run again"
+        )
+    return config
 
 
 def load_run_data(run_config: dict[str, Any], data_args: Any = None) -> Any:
