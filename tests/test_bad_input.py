@@ -1330,3 +1330,27 @@ def test_seeds_with_a_checkpoint_path_is_refused(tmp_path, tiny_model_dir, capsy
         "run without --seeds"
     )
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_seeds_refuse_a_later_folder_before_training_or_deleting(
+    tmp_path, tiny_model_dir, capsys, monkeypatch, overwrite
+):
+    # A later seed's folder that train() refuses (here a file) was found only after the earlier seeds
+    # trained; with --overwrite_output_dir the earlier seeds.json was deleted first.
+    import finetune.commands.train as train_module
+
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    runs = tmp_path / "run"
+    runs.mkdir()
+    if overwrite:
+        (runs / "seeds.json").write_text('{"earlier": true}\n', encoding="utf-8")
+    (runs / "seed-43").write_text("not a run\n", encoding="utf-8")
+    before = snapshot(runs)
+    trained = []
+    monkeypatch.setattr(train_module, "train", lambda recipe, flags: trained.append(flags) or {})
+    flags = ["--seeds", "2", *(["--overwrite_output_dir"] if overwrite else [])]
+    assert run_cli(["train", recipe_with(tmp_path, tiny_model_dir), *flags], capsys) == (
+        f"error: output_dir {runs / 'seed-43'} is a file, not a folder; choose another --output_dir"
+    )
+    assert trained == [] and snapshot(runs) == before

@@ -51,7 +51,7 @@ def run_repeats(
     stopped ``--seeds 3`` goes on from where it stopped.
     """
     from ..config.recipes import load_recipe
-    from ..training.runs import holds_run
+    from ..training.runs import check_output_dir, holds_run
     from .train import HOW_TO_RUN_FLAGS, train, without_flags
 
     resume = load_recipe(recipe, overrides).training.resume_from_checkpoint
@@ -67,11 +67,7 @@ def run_repeats(
             f"{summary_path} already exists; pass --overwrite_output_dir to run the {kind}s again, "
             "or choose another output_dir"
         )
-    if overwrite:
-        # Asked to run them all again: an earlier summary must not stop a stopped rerun from going on.
-        for earlier in (summary_path, folder / f"{kind}s.md"):
-            earlier.unlink(missing_ok=True)
-    # Every folder is looked at before any training, so a refusal costs no run's time.
+    # Every folder is looked at before any training (or deleting), so a refusal costs no run's time or file.
     planned = []
     for repeat in repeats:
         # Given last, these win over the same flags among the overrides.
@@ -87,7 +83,16 @@ def run_repeats(
                 f"{repeat.output_dir} already holds a run finished with other recipe values, flags or data files; "
                 f"pass --overwrite_output_dir to run the {kind}s again, or choose another output_dir"
             )
+        if metrics is None:
+            # What train() would refuse (a file, someone else's files, an earlier run) is refused here, first.
+            check_output_dir(
+                str(repeat.output_dir), overwrite, resuming=resume is not None and holds_run(repeat.output_dir)
+            )
         planned.append((repeat, flags, metrics))
+    if overwrite:
+        # Asked to run them all again: an earlier summary must not stop a stopped rerun from going on.
+        for earlier in (summary_path, folder / f"{kind}s.md"):
+            earlier.unlink(missing_ok=True)
     runs = []
     for number, (repeat, flags, metrics) in enumerate(planned, start=1):
         if metrics is not None:
