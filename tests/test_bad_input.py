@@ -38,7 +38,9 @@ ones that once failed). The cases, by family:
   run, an output_dir of someone else's files, evaluate --data on a file named like a split, a tune
   journal damaged before its last line (a cut-short last line resumes: tests/test_quality.py), a
   predict input naming a column twice or an --output ending in a slash, evaluate --data without the
-  run's text column. Labels and recipe keys are in tests/test_bad_labels.py.
+  run's text column, a damaged finetune_run.json, --seeds with a checkpoint path or a later seed folder
+  that train refuses, --folds with its own fold flags, class_weights from Python that cannot weigh
+  the classes. Labels and recipe keys are in tests/test_bad_labels.py.
 """
 
 from __future__ import annotations
@@ -1354,3 +1356,45 @@ def test_seeds_refuse_a_later_folder_before_training_or_deleting(
         f"error: output_dir {runs / 'seed-43'} is a file, not a folder; choose another --output_dir"
     )
     assert trained == [] and snapshot(runs) == before
+
+
+@pytest.mark.parametrize(
+    ("class_weights", "message"),
+    [
+        ("balanced", r"class_weights must be a list of numbers, one per class \(got 'balanced'\); for a strategy"),
+        ([1.0, 1.0], r"class_weights has 2 weights and the model 3 classes; give one weight per class"),
+        ([1.0, 1.0, 1.0, 1.0], r"class_weights has 4 weights and the model 3 classes"),
+        ([[1.0, 1.0, 1.0]], r"class_weights must be a flat list of numbers, one per class"),
+        ([0.0, 0.0, 0.0], r"class_weights must be finite numbers >= 0, not all 0 \(got \[0.0, 0.0, 0.0\]\)"),
+        ([float("nan"), 1.0, 1.0], r"class_weights must be finite numbers >= 0, not all 0 \(got \[nan, 1.0, 1.0\]\)"),
+        ([-1.0, 1.0, 1.0], r"class_weights must be finite numbers >= 0"),
+    ],
+    ids=["a-strategy-name", "too-few", "too-many", "nested", "all-zero", "nan", "negative"],
+)
+def test_class_weights_from_python_are_checked_when_the_trainer_is_built(
+    tmp_path, tiny_model_dir, tokenizer, class_weights, message
+):
+    # They failed only inside train() (IndexError, torch's shape error, ZeroDivisionError) or trained in silence.
+    from helpers import quiet_args, review_dataset
+    from transformers import BertForSequenceClassification
+
+    from finetune import ReviewTrainer
+
+    with pytest.raises(FinetuneError, match=message):
+        ReviewTrainer(
+            model=BertForSequenceClassification.from_pretrained(tiny_model_dir),
+            args=quiet_args(tmp_path),
+            train_dataset=review_dataset(tokenizer, 4),
+            class_weights=class_weights,
+        )
+
+
+@pytest.mark.parametrize("flags", [["--cross_validation_folds", "3"], ["--cross_validation_fold", "1"]])
+def test_folds_with_its_own_fold_flags_says_they_conflict(tmp_path, tiny_model_dir, capsys, flags):
+    # Once silently overridden by --folds; then refused with advice to pass --folds, which was passed.
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    assert run_cli(["train", recipe_with(tmp_path, tiny_model_dir), "--folds", "2", *flags], capsys) == (
+        "error: --folds 2 runs every fold itself, so cross_validation_folds and cross_validation_fold must not "
+        "be set too; drop them, or leave out --folds to train one fold"
+    )
+    assert not (tmp_path / "run").exists()

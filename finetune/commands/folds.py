@@ -27,6 +27,16 @@ def train_folds(recipe: str | None, overrides: list[str] | None, folds: int) -> 
     if folds < 2:
         raise FinetuneError(f"--folds must be >= 2 (got {folds}); e.g. --folds 5")
     overrides = list(overrides or [])
+    from ..config.recipes import _read_yaml
+
+    named = set(_read_yaml(recipe)) if recipe else set()
+    named |= {flag[2:].split("=", 1)[0].replace("-", "_") for flag in overrides if flag.startswith("--")}
+    if named & {"cross_validation_folds", "cross_validation_fold"}:
+        # --folds sets both for every fold it runs; the recipe's or flags' own would be overridden unseen.
+        raise FinetuneError(
+            f"--folds {folds} runs every fold itself, so cross_validation_folds and cross_validation_fold must not "
+            "be set too; drop them, or leave out --folds to train one fold"
+        )
     # Every flag checked (the fold flags too) before the first run starts.
     run = load_recipe(recipe, [*overrides, *_fold_flags(folds, 0)])
     folder = Path(run.training.output_dir)

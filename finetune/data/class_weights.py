@@ -81,3 +81,40 @@ def training_labels(dataset: Any) -> list[int]:
             )
         labels.append(int(label))
     return labels
+
+
+def validate_class_weights(class_weights: Any, num_classes: int) -> list[float]:
+    """``class_weights`` as a list of floats, one finite non-negative weight per class, not all zero.
+
+    Checked when the trainer is built: a wrong length failed only inside
+    ``train()`` (an IndexError, or torch's shape error), all zeros divided by
+    zero, and NaN or negative weights trained on in silence.
+    """
+    import torch
+
+    example = ", ".join(["1.0"] * max(num_classes, 2))
+    if isinstance(class_weights, (str, bytes)):
+        raise FinetuneError(
+            f"class_weights must be a list of numbers, one per class (got {class_weights!r}); for a strategy "
+            f"such as 'balanced' set class_weighting instead, or pass e.g. class_weights=[{example}]"
+        )
+    try:
+        weights = torch.as_tensor(class_weights, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        weights = None
+    if weights is None or weights.dim() != 1:
+        raise FinetuneError(
+            f"class_weights must be a flat list of numbers, one per class (got {class_weights!r}); "
+            f"pass e.g. class_weights=[{example}]"
+        )
+    if weights.numel() != num_classes:
+        raise FinetuneError(
+            f"class_weights has {weights.numel()} weights and the model {num_classes} classes; give one weight "
+            f"per class, in class id order, e.g. class_weights=[{example}]"
+        )
+    if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()) or not bool((weights > 0).any()):
+        raise FinetuneError(
+            f"class_weights must be finite numbers >= 0, not all 0 (got {weights.tolist()}); "
+            f"e.g. class_weights=[{example}]"
+        )
+    return weights.tolist()

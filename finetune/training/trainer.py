@@ -39,7 +39,7 @@ from transformers.trainer_utils import SaveStrategy, TrainOutput, has_length, sp
 from transformers.utils import logging
 
 from ..config.arguments import validate_accumulation_steps
-from ..data.class_weights import class_weights_for, training_labels
+from ..data.class_weights import class_weights_for, training_labels, validate_class_weights
 from ..errors import FinetuneError
 from .accumulation import (
     epochs_to_run,
@@ -112,6 +112,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             # Only then is the train split read: an evaluation-only or iterable dataset has no labels column.
             labels = training_labels(self.train_dataset)
             class_weights = class_weights_for(strategy, labels, self.model.config.num_labels)
+        if class_weights is not None:
+            class_weights = validate_class_weights(class_weights, self.model.config.num_labels)
         self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
 
     # ------------------------------------------------------------------- data
