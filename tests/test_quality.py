@@ -292,6 +292,9 @@ def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_
     assert finished_run_metrics(str(recipe), flags_7, seed_7) is None
     os.utime(seed_7 / "report" / "metrics.json", ns=(later + 10**9, later + 10**9))
     assert finished_run_metrics(str(recipe), flags_7, seed_7) is not None
+    # Moved or copied elsewhere, the folder holds the same run: where it is is not what it trained.
+    moved = shutil.copytree(seed_7, tmp_path / "moved" / "seed-7")
+    assert finished_run_metrics(str(recipe), [*flags, "--seed", "7", "--output_dir", str(moved)], moved) is not None
 
     # A data file edited in place (same path, other reviews) is other data: going on is refused, not
     # "resumed" from the finished run's last state, and seed 7 is left as it was.

@@ -162,7 +162,10 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
         return None  # damaged: trained again, and train() says what is in the way
 
     def what_is_trained(values: dict[str, Any]) -> dict[str, Any]:
-        return {key: value for key, value in values.items() if f"--{key}" not in HOW_TO_RUN_FLAGS}
+        # Where the run is (output_dir) is not what it trained: a moved or copied folder holds the same run.
+        return {
+            key: value for key, value in values.items() if f"--{key}" not in HOW_TO_RUN_FLAGS and key != "output_dir"
+        }
 
     run = load_recipe(recipe, flags)
     wanted = json.loads(json.dumps(run.values, default=str))
