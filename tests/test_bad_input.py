@@ -1104,8 +1104,11 @@ def test_predict_input_not_utf8(tiny_model_dir, tmp_path, capsys, data, expected
         (b"fine\ncaf\xe9\n", "error: stdin is not UTF-8 (byte 0xe9, likely Latin-1 or Windows-1252)"),
         # What `predict < /dev/zero` reads: one endless line, refused at the cap, not read whole.
         (b"\x00" * 300_000, "error: stdin line 1 is longer than 100,000 characters, too long for a review"),
+        # Both were once called "likely Latin-1".
+        (bytes(range(256)) * 4, "error: stdin is binary data, not text; check what is piped in"),
+        ("great\n".encode("utf-16"), "error: stdin is UTF-16 text; save it as UTF-8"),
     ],
-    ids=["latin1-stdin", "endless-line"],
+    ids=["latin1-stdin", "endless-line", "binary-stdin", "utf16-stdin"],
 )
 def test_predict_stdin_not_text(tiny_model_dir, monkeypatch, capsys, stdin, expected):
     import io

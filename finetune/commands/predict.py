@@ -217,11 +217,19 @@ def _capped_lines(handle: IO[str], name: str) -> Iterator[str]:
         try:
             line = handle.readline(MAX_REVIEW_CHARS + 1)
         except UnicodeDecodeError as error:
+            from ..config.text_files import encoding_problem
+
+            # The chunk the decoder read ahead: binary data or UTF-16 is named as such, not as Latin-1.
+            problem = encoding_problem(bytes(error.object), at_end=False)
+            if problem is not None and not problem.startswith("is not UTF-8"):
+                # The file check's fix speaks of a path; what was piped in has none.
+                problem = problem.replace("check that the path names the right file", "check what is piped in")
+                raise FinetuneError(f"{name} {problem}") from None
             raise FinetuneError(
                 # The decoder reads ahead in chunks, so the line it failed on is not known.
                 f"{name} is not UTF-8 (byte 0x{error.object[error.start]:02x}, likely Latin-1 or Windows-1252); "
                 "convert it first, e.g. iconv -f latin1 -t utf-8"
-            )
+            ) from None
         if not line:
             return
         line_number += 1
