@@ -180,40 +180,35 @@ def test_a_list_in_the_file_evaluate_scores(tmp_path, tiny_model_dir, capsys):
 # --------------------------------------------------------------------------- text labels with stray spaces
 
 
-def test_text_labels_are_trimmed_like_numbers(tmp_path):
+def _read_labels(tmp_path: Path, rows: str, **fields):
+    """``rows`` (a CSV with review and stars) read as train and validation data, ``fields`` added."""
     from finetune.config.arguments import DataArguments
     from finetune.data.splits import load_review_data
 
     train = tmp_path / "train.csv"
-    write_csv(train, "review,stars\ngreat,pos\nawful, neg\nfine,pos \nlovely,pos\nbad,neg\nokay,neg\n")
-    data = load_review_data(
-        DataArguments(train_file=str(train), text_column="review", label_column="stars", validation_file=str(train))
+    write_csv(train, rows)
+    return load_review_data(
+        DataArguments(
+            train_file=str(train), text_column="review", label_column="stars", validation_file=str(train), **fields
+        )
     )
+
+
+def test_text_labels_are_trimmed_like_numbers(tmp_path):
+    rows = "review,stars\ngreat,pos\nawful, neg\nfine,pos \nlovely,pos\nbad,neg\nokay,neg\n"
+    data = _read_labels(tmp_path, rows)
     assert data.label_names == ["neg", "pos"]
     assert data.splits["train"]["labels"] == [1, 0, 1, 1, 0, 0]
 
     # Matched against the recipe's class names the same way.
-    named = load_review_data(
-        DataArguments(
-            train_file=str(train),
-            text_column="review",
-            label_column="stars",
-            validation_file=str(train),
-            class_names=["pos", "neg"],
-        )
-    )
+    named = _read_labels(tmp_path, rows, class_names=["pos", "neg"])
     assert named.splits["train"]["labels"] == [0, 1, 0, 0, 1, 1]
 
 
 def test_a_label_of_only_spaces_is_a_missing_label(tmp_path):
-    from finetune.config.arguments import DataArguments
-    from finetune.data.splits import MISSING_LABEL, load_review_data
+    from finetune.data.splits import MISSING_LABEL
 
-    train = tmp_path / "train.csv"
-    write_csv(train, 'review,stars\ngreat,pos\nawful,neg\nhm,"  "\n')
-    data = load_review_data(
-        DataArguments(train_file=str(train), text_column="review", label_column="stars", validation_file=str(train))
-    )
+    data = _read_labels(tmp_path, 'review,stars\ngreat,pos\nawful,neg\nhm,"  "\n')
     assert data.label_names == ["neg", "pos"]
     assert data.report.dropped["train"][MISSING_LABEL] == 1
 

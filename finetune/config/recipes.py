@@ -101,9 +101,14 @@ def _rename_alias_flag(token: str) -> str:
     return token
 
 
+def flag_names(flags: list[str]) -> set[str]:
+    """The field names ``flags`` set (``--max-steps=3`` sets ``max_steps``)."""
+    return {token[2:].partition("=")[0].replace("-", "_") for token in flags if token.startswith("--")}
+
+
 def _refuse_alias_twice(flags: list[str]) -> None:
     """Two spellings of one field among the flags: which one wins would be an accident of order."""
-    names = {token[2:].partition("=")[0].replace("-", "_") for token in flags if token.startswith("--")}
+    names = flag_names(flags)
     for alias, name in ALIASES.items():
         if alias in names and name in names:
             raise FinetuneError(f"the flags set both --{alias} and --{name}; keep one of them")

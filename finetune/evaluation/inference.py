@@ -33,16 +33,16 @@ def is_exported_folder(folder: Path) -> bool:
 
 def require_inference_folder(model_dir: Path) -> None:
     """Raise unless ``model_dir`` holds a model to predict with: PyTorch weights, or an int8 export."""
-    from ..training.checkpointing import require_readable_model_json
+    from ..training.checkpointing import require_loadable_model_files
     from ..training.runs import require_model_folder
 
     if is_openvino_folder(model_dir):
         require_openvino()
-        require_readable_model_json(model_dir)
+        require_loadable_model_files(model_dir)
         return
     if is_onnx_folder(model_dir):
         require_onnx_runtime()
-        require_readable_model_json(model_dir)
+        require_loadable_model_files(model_dir)
         return
     require_model_folder(model_dir)
 

@@ -81,18 +81,28 @@ def require_readable_safetensors(folder: str | Path) -> None:
             raise FinetuneError(f"{path} is damaged or cut short ({_first_line(error)}); copy or save it again")
 
 
-def require_readable_model_json(folder: str | Path) -> None:
-    """Refuse a model folder whose config or tokenizer JSON is damaged (cut short), before it loads with a traceback."""
-    folder = Path(folder)
+def read_json_object(path: str | Path, fix: str) -> dict[str, Any]:
+    """``path``'s JSON object, or a one-line error that it is damaged, ending in ``fix``."""
+    path = Path(path)
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise FinetuneError(f"{path} is damaged or cut short (not JSON: {_first_line(error)[:80]}); {fix}") from None
+    if not isinstance(loaded, dict):
+        raise FinetuneError(f"{path} is damaged or cut short (not a JSON object); {fix}")
+    return loaded
+
+
+def require_loadable_model_files(
+    folder: str | Path, allow_pickle: bool = False, flag: str = "allow_pickle_checkpoints"
+) -> None:
+    """Refuse a model folder that would not load, or only with a traceback: pickled weights alone (unless
+    ``allow_pickle``), safetensors or config / tokenizer JSON cut short."""
+    require_safe_weights(folder, allow_pickle, flag)
+    require_readable_safetensors(folder)
     for name in MODEL_JSON_FILES:
-        path = folder / name
-        if path.is_file():
-            try:
-                json.loads(path.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as error:
-                raise FinetuneError(
-                    f"{path} is damaged or cut short (not JSON: {_first_line(error)}); copy or save the model again"
-                ) from None
+        if (Path(folder) / name).is_file():
+            read_json_object(Path(folder) / name, "copy or save the model again")
 
 
 def require_vocabulary(tokenizer: Any, folder: str | Path) -> None:

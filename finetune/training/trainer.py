@@ -364,16 +364,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 bar.finish_update(epoch_loss.mean(), learning_rate)
 
                 self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-                self._maybe_log_save_evaluate(
-                    self._loss_since_log.as_stock_tr_loss(self.state.global_step - self._globalstep_last_logged),
-                    grad_norm,
-                    model,
-                    trial,
-                    epoch,
-                    ignore_keys_for_eval,
-                    start_time,
-                    learning_rate=learning_rate,
-                )
+                self._log_save_evaluate(model, trial, epoch, ignore_keys_for_eval, start_time, grad_norm, learning_rate)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break
             bar.close()
@@ -392,16 +383,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 # that checkpoint would drift from an uninterrupted one. The weights are those of the last
                 # update boundary, whose checkpoint (if one was due) is exact, so no save is made here.
                 self.control.should_save = False
-            self._maybe_log_save_evaluate(
-                self._loss_since_log.as_stock_tr_loss(self.state.global_step - self._globalstep_last_logged),
-                grad_norm,
-                model,
-                trial,
-                epoch,
-                ignore_keys_for_eval,
-                start_time,
-                learning_rate=learning_rate,
-            )
+            self._log_save_evaluate(model, trial, epoch, ignore_keys_for_eval, start_time, grad_norm, learning_rate)
             if self.control.should_training_stop:
                 break
 
@@ -655,6 +637,23 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             return value
         largest = self.accelerator.reduce(torch.tensor(value, device=self.args.device), reduction="max")
         return int(largest.item())
+
+    def _log_save_evaluate(
+        self,
+        model: nn.Module,
+        trial: Any,
+        epoch: int,
+        ignore_keys_for_eval: list[str] | None,
+        start_time: float,
+        grad_norm: float | None,
+        learning_rate: float | None,
+    ) -> None:
+        """Call ``_maybe_log_save_evaluate`` (after an update or at an epoch's end) with stock's arguments."""
+        updates_since_log = self.state.global_step - self._globalstep_last_logged
+        tr_loss = self._loss_since_log.as_stock_tr_loss(updates_since_log)
+        self._maybe_log_save_evaluate(
+            tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time, learning_rate=learning_rate
+        )
 
     def _maybe_log_save_evaluate(
         self,
