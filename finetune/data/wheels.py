@@ -49,6 +49,34 @@ def cache_root(cache_dir: str | None = None, kind: str = "dataset") -> Path:
 
 
 @contextlib.contextmanager
+def fetch_lock(root: Path, kind: str = "dataset", quiet: bool = False) -> Iterator[None]:
+    """Held while this process fetches into ``root``: a second fetch waits here, then finds its files cached.
+
+    Without it, two runs starting at once would both fetch the same files, and
+    the second would move the first one's folder aside while the first is
+    reading it. The lock is on the cache folder itself, so it leaves no file.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(root, os.O_RDONLY)
+    except OSError as error:
+        raise FinetuneError(
+            f"cannot write the {kind} cache {root} ({error.strerror or error}); "
+            "point FINETUNE_CACHE or --cache_dir at a writable folder"
+        )
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not quiet:
+                print(f"waiting for another process's fetch into {root} to finish", file=sys.stderr)
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing drops the lock
+
+
+@contextlib.contextmanager
 def work_folder(root: Path, name: str, kind: str = "dataset") -> Iterator[Path]:
     """A temporary folder inside ``root`` for one fetch, locked while it lives and deleted after.
 

