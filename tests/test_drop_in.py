@@ -471,3 +471,72 @@ def test_resuming_a_finished_max_steps_run_makes_no_update(initial_model, tokeni
             saved = BertForSequenceClassification.from_pretrained(output_dir / "checkpoint-3")
             assert torch.equal(flat_parameters(model), flat_parameters(saved))
     assert steps == {Trainer: 4, ReviewTrainer: 3}
+
+
+# ------------------------------------------- 8. what stock's training_step does besides the loss
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_torch_empty_cache_steps_empties_the_cache_as_often_as_stock(
+    initial_model, tokenizer, tmp_path, monkeypatch, every
+):
+    import finetune.training.trainer as review_trainer_module
+
+    calls = {Trainer: 0, ReviewTrainer: 0}
+    for trainer_class, module in ((Trainer, transformers.trainer), (ReviewTrainer, review_trainer_module)):
+
+        def count(trainer_class=trainer_class):
+            calls[trainer_class] += 1
+
+        monkeypatch.setattr(module, "clear_device_cache", count)
+        trainer_class(
+            model=copy.deepcopy(initial_model),
+            args=sgd_args(tmp_path / trainer_class.__name__, 2, 2, torch_empty_cache_steps=every),
+            train_dataset=review_dataset(tokenizer, 16),  # 8 micro-batches, 4 updates
+            data_collator=DataCollatorWithPadding(tokenizer),
+        ).train()
+    assert calls[ReviewTrainer] == calls[Trainer] == 8 // every
+
+
+def test_lomo_is_told_the_learning_rate_in_backward_as_stock_tells_it(initial_model, tokenizer, tmp_path):
+    # LOMO updates the weights inside backward, from the learning rate Accelerate hands it there.
+    # (lomo-optim is not installed here: the optimizer is AdamW, and only the switch is LOMO's.)
+    batch = DataCollatorWithPadding(tokenizer)([dict(row) for row in review_dataset(tokenizer, 4)])
+    seen = {}
+    for trainer_class in (Trainer, ReviewTrainer):
+        trainer = trainer_class(
+            model=copy.deepcopy(initial_model),
+            args=quiet_args(tmp_path / trainer_class.__name__, learning_rate=3e-4, warmup_steps=2),
+            train_dataset=review_dataset(tokenizer, 8),
+        )
+        trainer.create_optimizer_and_scheduler(num_training_steps=10)
+        trainer.optimizer.step()  # no gradients yet: changes nothing, but lets the scheduler step
+        trainer.lr_scheduler.step()  # half-way through the warm-up: lr 1.5e-4
+        trainer.args.optim = "lomo"
+        trainer.micro_batch_weight = 1.0  # ReviewTrainer's loop sets it per micro-batch
+        trainer.current_gradient_accumulation_steps = 1  # stock's loop sets it per window
+        trainer.accelerator.backward = lambda loss, trainer_class=trainer_class, **kwargs: seen.update(
+            {trainer_class: kwargs}
+        )
+        trainer.training_step(trainer.model, dict(batch))
+    assert seen[ReviewTrainer] == seen[Trainer] == {"learning_rate": pytest.approx(1.5e-4)}
+
+
+def test_current_gradient_accumulation_steps_is_each_windows_length_as_stock(initial_model, tokenizer, tmp_path):
+    seen = {}
+    for trainer_class in (Trainer, ReviewTrainer):
+
+        class Recording(trainer_class):
+            recorded_as = trainer_class
+
+            def training_step(self, model, inputs, num_items_in_batch=None):
+                seen.setdefault(self.recorded_as, []).append(self.current_gradient_accumulation_steps)
+                return super().training_step(model, inputs, num_items_in_batch)
+
+        Recording(
+            model=copy.deepcopy(initial_model),
+            args=sgd_args(tmp_path / trainer_class.__name__, 2, 2),
+            train_dataset=review_dataset(tokenizer, 10),  # 5 micro-batches: windows of 2, 2 and 1
+            data_collator=DataCollatorWithPadding(tokenizer),
+        ).train()
+    assert seen[ReviewTrainer] == seen[Trainer] == [2, 2, 2, 2, 1]

@@ -30,12 +30,14 @@ from typing import Any
 import torch
 from accelerate import skip_first_batches
 from accelerate.utils import DistributedType
+from accelerate.utils.memory import clear_device_cache
 from torch import nn
 from transformers import ProgressCallback, Trainer
 from transformers.integrations.neftune import deactivate_neftune
 from transformers.optimization import GreedyLR
 from transformers.trainer_pt_utils import LengthGroupedSampler, get_model_param_count
 from transformers.trainer_utils import SaveStrategy, TrainOutput, has_length, speed_metrics
+from transformers.training_args import OptimizerNames
 from transformers.utils import logging
 
 from ..config.arguments import validate_accumulation_steps
@@ -417,6 +419,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             window, num_items_in_batch = self.get_batch_samples(iterator, wanted, self.args.device)
             if not window:
                 return
+            # As stock sets it per window, for subclasses and callbacks that read it.
+            self.current_gradient_accumulation_steps = len(window)
             if micro_batches_left is not None:
                 micro_batches_left -= len(window)
             yield window, num_items_in_batch
@@ -538,11 +542,18 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             mean_loss = self.compute_loss(model, inputs)
+        del inputs
+        steps = self.args.torch_empty_cache_steps
+        if steps is not None and self.state.global_step % steps == 0:
+            clear_device_cache()  # as stock: lowers peak GPU memory at the cost of speed
         if self.args.n_gpu > 1:
             mean_loss = mean_loss.mean()  # nn.DataParallel returns one loss per device
         # Accelerate applies the fp16 GradScaler here; Trainer set its own accumulation to 1,
         # and DeepSpeed must not divide by its accumulation steps either (the weight already does).
         kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
+        if self.args.optim in (OptimizerNames.LOMO, OptimizerNames.ADALOMO):
+            # LOMO updates inside backward (fused_backward) and is told this update's learning rate there.
+            kwargs["learning_rate"] = self._get_learning_rate()
         self.accelerator.backward(mean_loss * self.micro_batch_weight, **kwargs)
         return mean_loss.detach()
 
