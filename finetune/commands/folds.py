@@ -27,9 +27,9 @@ def train_folds(recipe: str | None, overrides: list[str] | None, folds: int) -> 
     if folds < 2:
         raise FinetuneError(f"--folds must be >= 2 (got {folds}); e.g. --folds 5")
     overrides = list(overrides or [])
-    from ..config.recipes import _read_yaml, flag_names
+    from ..config.recipes import flag_names, read_recipe_file
 
-    named = (set(_read_yaml(recipe)) if recipe else set()) | flag_names(overrides)
+    named = (set(read_recipe_file(recipe)) if recipe else set()) | flag_names(overrides)
     if named & {"cross_validation_folds", "cross_validation_fold"}:
         # --folds sets both for every fold it runs; the recipe's or flags' own would be overridden unseen.
         raise FinetuneError(

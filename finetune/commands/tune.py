@@ -226,9 +226,9 @@ def _recorded_study(folder: Path) -> Any:
 
 def _searched(recipe: str, overrides: list[str]) -> dict[str, Any]:
     """What a search is made with: the recipe file's values and the flags, as the journal stores them (JSON)."""
-    from ..config.recipes import _read_yaml
+    from ..config.recipes import read_recipe_file
 
-    return json.loads(json.dumps({"recipe": _read_yaml(recipe), "flags": list(overrides)}, default=str))
+    return json.loads(json.dumps({"recipe": read_recipe_file(recipe), "flags": list(overrides)}, default=str))
 
 
 def _check_same_search(study: Any, folder: Path, searched: dict[str, Any]) -> None:
@@ -257,9 +257,9 @@ def write_best_recipe(
     path: Path, recipe: str, overrides: list[str], params: dict[str, Any], objective: float, number: int
 ) -> Path:
     """The recipe's own values, with the best trial's on top, as a YAML recipe headed by how it was found."""
-    from ..config.recipes import _read_yaml
+    from ..config.recipes import read_recipe_file
 
-    values = _read_yaml(recipe)
+    values = read_recipe_file(recipe)
     values.pop("n_accumulate", None)  # the search sets gradient_accumulation_steps
     values.update(params)
     stem = path.parent.name

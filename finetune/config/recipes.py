@@ -57,7 +57,7 @@ def valid_keys(parser: HfArgumentParser | None = None) -> set[str]:
 def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Recipe:
     """Read ``recipe_path`` (may be None: flags only) and apply ``flags`` on top."""
     flags = list(flags or [])
-    values = _read_yaml(recipe_path) if recipe_path else {}
+    values = read_recipe_file(recipe_path) if recipe_path else {}
     values = _resolve_aliases(values, recipe_path or "the flags")
     parser = build_parser()
     keys = valid_keys(parser)
@@ -169,7 +169,8 @@ def _mapping_without_duplicates(loader: _RecipeLoader, node: yaml.MappingNode, d
 _RecipeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
-def _read_yaml(recipe_path: str) -> dict[str, Any]:
+def read_recipe_file(recipe_path: str) -> dict[str, Any]:
+    """The recipe file's keys and values as YAML reads them (checked: found, UTF-8, no key twice, a mapping)."""
     path = Path(recipe_path)
     if not path.is_file():
         raise FinetuneError(f"recipe not found: {recipe_path}; check the path (recipes live in recipes/*.yaml)")

@@ -336,6 +336,8 @@ class _RowConverter:
         self.label_bins = data_args.label_bins
         self.clean = data_args.clean_text
         self.label_names = label_names
+        # Names trimmed too: a run trained before labels were trimmed recorded " neg" as a class name.
+        self.trimmed_label_names = [_trimmed(name) for name in label_names]
         self.origin = origin
         self.first_row_number = first_row_number
         self.source_label_names = source_label_names
@@ -384,10 +386,8 @@ class _RowConverter:
                     return class_id, ""
             return -1, OUTSIDE_BINS
         if isinstance(raw_label, str):
-            # Names trimmed too: a run trained before labels were trimmed recorded " neg" as a class name.
-            names = [_trimmed(name) for name in self.label_names]
-            if raw_label in names:
-                return names.index(raw_label), ""
+            if raw_label in self.trimmed_label_names:
+                return self.trimmed_label_names.index(raw_label), ""
             raise FinetuneError(
                 f"{where}: unknown label {raw_label!r} (known: {', '.join(self.label_names)}); "
                 "fix the row or set class_names"

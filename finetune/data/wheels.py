@@ -61,10 +61,7 @@ def fetch_lock(root: Path, kind: str = "dataset", quiet: bool = False) -> Iterat
         root.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(root, os.O_RDONLY)
     except OSError as error:
-        raise FinetuneError(
-            f"cannot write the {kind} cache {root} ({error.strerror or error}); "
-            "point FINETUNE_CACHE or --cache_dir at a writable folder"
-        )
+        raise _unwritable(root, kind, error) from None
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -92,16 +89,21 @@ def work_folder(root: Path, name: str, kind: str = "dataset") -> Iterator[Path]:
         # Held while this fetch lives; the kernel drops it if the process is killed, which marks the folder stale.
         work_lock = os.open(work, os.O_RDONLY)
     except OSError as error:
-        raise FinetuneError(
-            f"cannot write the {kind} cache {root} ({error.strerror or error}); "
-            "point FINETUNE_CACHE or --cache_dir at a writable folder"
-        )
+        raise _unwritable(root, kind, error) from None
     fcntl.flock(work_lock, fcntl.LOCK_EX)
     try:
         yield work
     finally:
         shutil.rmtree(work, ignore_errors=True)
         os.close(work_lock)
+
+
+def _unwritable(root: Path, kind: str, error: OSError) -> FinetuneError:
+    """The one-line error for a cache folder that cannot be created or written."""
+    return FinetuneError(
+        f"cannot write the {kind} cache {root} ({error.strerror or error}); "
+        "point FINETUNE_CACHE or --cache_dir at a writable folder"
+    )
 
 
 def remove_stale_work_folders(root: Path, min_age_seconds: float = _STALE_AFTER_SECONDS) -> None:
