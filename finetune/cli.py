@@ -5,6 +5,7 @@
 | ``train RECIPE [--field value ...]`` | :func:`finetune.commands.train.train` |
 | ``train RECIPE --seeds N [--field value ...]`` | :func:`finetune.commands.seeds.train_seeds` |
 | ``train RECIPE --folds K [--field value ...]`` | :func:`finetune.commands.folds.train_folds` |
+| ``distill TEACHER_RUN RECIPE [--field value ...]`` | :func:`finetune.commands.distill.distill` |
 | ``evaluate PATH [PATH ...] [--data FILE] [--calibrate]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
@@ -58,6 +59,23 @@ def _train(options: argparse.Namespace, extra: list[str]) -> None:
     from .commands.train import train
 
     train(options.recipe, extra)
+
+
+def _distill(options: argparse.Namespace, extra: list[str]) -> None:
+    if options.teacher in ("-h", "--help") or "-h" in extra or "--help" in extra:
+        from .config.recipes import build_parser
+
+        print("usage: finetune distill TEACHER_RUN RECIPE [--field value ...]\n")
+        print("  TEACHER_RUN  a run folder made by 'finetune train' (e.g. an MPNet run); it labels the recipe's")
+        print("               training reviews (and unlabeled_file's) once, cached; the recipe's model learns")
+        print("               from those probabilities (distill_alpha, distill_temperature) and the labels\n")
+        build_parser().print_help()
+        return
+    if options.recipe is None:
+        raise FinetuneError("finetune distill needs a teacher run and a recipe: finetune distill TEACHER_RUN RECIPE")
+    from .commands.distill import distill
+
+    distill(options.teacher, options.recipe, extra)
 
 
 def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
@@ -234,6 +252,15 @@ def build_cli() -> argparse.ArgumentParser:
     )
     train.set_defaults(handler=_train)
 
+    distill = commands.add_parser(
+        "distill",
+        help="train a small student from a trained teacher run's soft labels and the true labels",
+        add_help=False,
+    )
+    distill.add_argument("teacher", nargs="?", help="a trained run folder, e.g. runs/drugscom-mpnet")
+    distill.add_argument("recipe", nargs="?", help="the student's recipe YAML file, e.g. recipes/drugscom.yaml")
+    distill.set_defaults(handler=_distill)
+
     evaluate = commands.add_parser("evaluate", help="score a model folder or every checkpoint of a run")
     evaluate.add_argument(
         "path", nargs="+", help="a run folder (output_dir) or a model/checkpoint folder; several to compare runs"
@@ -394,8 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         options, extra = build_cli().parse_known_args(argv)
-        # train, bench, baseline and tune pass unknown flags on as recipe overrides.
-        if options.command not in ("train", "bench", "baseline", "tune") and extra:
+        # train, distill, bench, baseline and tune pass unknown flags on as recipe overrides.
+        if options.command not in ("train", "distill", "bench", "baseline", "tune") and extra:
             subcommand = getattr(options, f"{options.command}_command", None)  # data / model list or fetch
             command = " ".join(filter(None, (options.command, subcommand)))
             raise FinetuneError(f"unrecognized arguments: {' '.join(extra)}; see 'finetune {command} --help'")

@@ -17,11 +17,18 @@ from transformers import TrainerCallback
 from ..errors import FinetuneError, TrainingInterrupted
 
 
-def train(recipe: str | None, overrides: list[str] | None = None, callbacks: list[Any] | None = None) -> dict[str, Any]:
+def train(
+    recipe: str | None,
+    overrides: list[str] | None = None,
+    callbacks: list[Any] | None = None,
+    distillation: Any = None,
+) -> dict[str, Any]:
     """Run one recipe end to end and return its metrics (also written to ``output_dir``).
 
     ``overrides`` are flags such as ``["--learning_rate", "3e-5"]``; they win
     over the recipe's values. ``callbacks`` are extra ``TrainerCallback``s.
+    ``distillation`` (a :class:`finetune.commands.distill.Distillation`) makes
+    the run a student of a teacher run: ``finetune distill``.
     """
     from ..config.recipes import load_recipe
     from ..training.modeling import check_base_model, check_classifier_head
@@ -31,6 +38,10 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
     # written, and nothing of an earlier run is deleted before training has started.
     run = load_recipe(recipe, overrides)
     args = run.training
+    if distillation is None:
+        from .distill import check_not_distilling
+
+        check_not_distilling(run, overrides)
     _check_integrations(args.report_to)
     check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=args.resume_from_checkpoint is not None)
     if args.overwrite_output_dir and args.resume_from_checkpoint is None and holds_run(Path(args.output_dir)):
@@ -44,11 +55,16 @@ def train(recipe: str | None, overrides: list[str] | None = None, callbacks: lis
             check_classifier_head(run.model, len(run.data.class_names))
         # Every process has checked the folder and the checkpoint before the main one changes anything.
         args.distributed_state.wait_for_everyone()
-        return _train_checked(run, recipe, overrides, callbacks, resume)
+        return _train_checked(run, recipe, overrides, callbacks, resume, distillation)
 
 
 def _train_checked(
-    run: Any, recipe: str | None, overrides: list[str] | None, callbacks: list[Any] | None, resume: str | None
+    run: Any,
+    recipe: str | None,
+    overrides: list[str] | None,
+    callbacks: list[Any] | None,
+    resume: str | None,
+    distillation: Any = None,
 ) -> dict[str, Any]:
     """Read the data, train, save, evaluate and report a recipe whose arguments have passed every check."""
     import transformers
@@ -61,6 +77,7 @@ def _train_checked(
     from ..evaluation.metrics import build_compute_metrics, classification_report
     from ..evaluation.model_card import write_model_card
     from ..evaluation.report import UpdateRecorder, write_run_report
+    from ..training.distillation import DistillationTrainer
     from ..training.interrupt import StopOnSignal
     from ..training.modeling import check_classifier_head, load_classifier, load_tokenizer
     from ..training.runs import clear_earlier_run, save_run_config
@@ -86,8 +103,14 @@ def _train_checked(
             "the data has no validation split (validation_split_percentage 0); set eval_strategy: no and "
             "load_best_model_at_end: false to keep the final model, or hold some reviews out"
         )
+    if distillation is not None:
+        # The teacher labels every training review (and the unlabelled ones) once, before training.
+        with args.main_process_first(desc="the teacher's soft labels"):
+            encoded["train"] = distillation.attach(
+                data, encoded["train"], tokenizer, encoding, args.per_device_eval_batch_size
+            )
     if args.should_log:
-        print("\n".join(data.report.summary_lines()), file=sys.stderr)
+        print("\n".join(data.report.summary_lines() + (distillation.notes if distillation else [])), file=sys.stderr)
 
     # Baseline: the obvious alternative, fit on the same train split in seconds, so every
     # figure this run prints can be read against it.
@@ -103,6 +126,8 @@ def _train_checked(
     update_recorder = UpdateRecorder()
     stopper = StopOnSignal()
     command = ["finetune", "train", *([recipe] if recipe else []), *(overrides or [])]
+    if distillation is not None:
+        command = ["finetune", "distill", str(distillation.teacher.folder), *command[2:]]
 
     def start_run() -> None:
         # Only once training has started (every check passed, any checkpoint loaded): a mistake found
@@ -117,9 +142,14 @@ def _train_checked(
             command,
             data_report=data.report.to_dict(),
             class_weights=None if trainer.class_weights is None else trainer.class_weights.tolist(),
+            extra=distillation.record(args.distill_alpha, args.distill_temperature) if distillation else None,
         )
 
-    trainer = ReviewTrainer(
+    trainer_class, distill_kwargs = ReviewTrainer, {}
+    if distillation is not None:
+        trainer_class = DistillationTrainer
+        distill_kwargs = {"distill_alpha": args.distill_alpha, "distill_temperature": args.distill_temperature}
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=encoded["train"],
@@ -128,6 +158,7 @@ def _train_checked(
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(label_names),
         callbacks=[_OnTrainBegin(start_run), update_recorder, stopper, *_early_stopping(args), *(callbacks or [])],
+        **distill_kwargs,
     )
     if trainer.class_weights is not None and args.should_log:
         weights = ", ".join(f"{name} {weight:.3f}" for name, weight in zip(label_names, trainer.class_weights.tolist()))
@@ -136,7 +167,8 @@ def _train_checked(
     result = trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.perf_counter() - started
     if stopper.received is not None:
-        raise TrainingInterrupted(_resume_advice(trainer, stopper, recipe, overrides), stopper.exit_status)
+        command_head = command[: len(command) - len(overrides or [])]  # finetune train RECIPE (or distill)
+        raise TrainingInterrupted(_resume_advice(trainer, stopper, command_head, overrides), stopper.exit_status)
 
     # Save: a standard model folder (config with id2label, safetensors, tokenizer), written whole or not at all.
     trainer.save_final_model()
@@ -231,13 +263,13 @@ class _OnTrainBegin(TrainerCallback):
         self.action()
 
 
-def _resume_advice(trainer: Any, stopper: Any, recipe: str | None, overrides: list[str] | None) -> str:
+def _resume_advice(trainer: Any, stopper: Any, command_head: list[str], overrides: list[str] | None) -> str:
     from ..training.runs import checkpoints
 
     saved = checkpoints(Path(trainer.args.output_dir))
     where = saved[-1] if saved else trainer.args.output_dir
     flags = without_flags(overrides or [], HOW_TO_RUN_FLAGS)
-    command = " ".join(["finetune", "train", *([recipe] if recipe else []), *flags])
+    command = " ".join([*command_head, *flags])
     return (
         f"stopped by {stopper.received.name} at update {trainer.state.global_step} "
         f"(epoch {trainer.state.epoch or 0:.2f}); checkpoint saved in {where}; "

@@ -187,6 +187,15 @@ class DataArguments:
     max_test_samples: int | None = field(
         default=None, metadata={"help": "Test on a seeded random subset of this many reviews."}
     )
+    unlabeled_file: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "finetune distill only: a CSV, TSV or JSONL of reviews without labels (text_column, and "
+                "title_column if it has one), labelled by the teacher and added to the training reviews."
+            )
+        },
+    )
 
     def __post_init__(self) -> None:
         self.label_bins = parse_label_bins(self.label_bins)
@@ -311,6 +320,24 @@ class FinetuneTrainingArguments(TrainingArguments):
         default=0.0,
         metadata={"help": "With early_stopping_patience: the least improvement that counts."},
     )
+    distill_alpha: float = field(
+        default=0.5,
+        metadata={
+            "help": (
+                "finetune distill only: the weight of the teacher's softened probabilities in the loss "
+                "(the true labels get 1 - alpha); 1 learns from the teacher alone."
+            )
+        },
+    )
+    distill_temperature: float = field(
+        default=2.0,
+        metadata={
+            "help": (
+                "finetune distill only: the softmax temperature applied to teacher and student in the soft "
+                "term; above 1 shows the student how the teacher ranks the wrong classes."
+            )
+        },
+    )
     baseline: bool = field(
         default=True,
         metadata={
@@ -353,6 +380,9 @@ class FinetuneTrainingArguments(TrainingArguments):
                 "or --max_steps N to count updates instead"
             )
         super().__post_init__()
+        if not (math.isfinite(self.distill_alpha) and 0.0 <= self.distill_alpha <= 1.0):
+            raise FinetuneError(f"distill_alpha must be in [0, 1] (got {self.distill_alpha}); try 0.5")
+        _check_positive("distill_temperature", self.distill_temperature, "2.0")
         if not 0.0 < self.layerwise_lr_decay <= 1.0:
             raise FinetuneError(
                 f"layerwise_lr_decay must be in (0, 1] (got {self.layerwise_lr_decay}); try 0.9, or 1.0 to turn it off"

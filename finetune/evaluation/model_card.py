@@ -58,6 +58,7 @@ def write_model_card(output_dir: str | Path) -> Path:
         *_reproduce(run),
         *_training(run, metrics),
         *_results(test, metrics.get("baseline")),
+        *_distillation(run, test),
         *_pictures(folder),
         *_limits(run, test, entry),
     ]
@@ -259,6 +260,37 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
     ]
     for name, row in zip(names, test["confusion_matrix"]):
         lines.append(f"| {name} | " + " | ".join(str(count) for count in row) + " |")
+    lines.append("")
+    return lines
+
+
+def _distillation(run: dict[str, Any], test: dict[str, Any] | None) -> list[str]:
+    """Teacher and student, side by side, for a run made by ``finetune distill``."""
+    distilled = run.get("distillation")
+    if not distilled:
+        return []
+    lines = [
+        "## Distillation",
+        "",
+        f"This model (the student, `{_base_model(run)}`) learned from the teacher run `{distilled['teacher']}` "
+        f"(`{distilled['teacher_base_model']}`): each training review's loss mixed the teacher's class "
+        f"probabilities softened at temperature {distilled['temperature']:g} (weight {distilled['alpha']:g}) "
+        f"with its true label (weight {1 - distilled['alpha']:g}).",
+    ]
+    if distilled.get("unlabeled_reviews"):
+        lines.append(
+            f"The teacher also labelled {distilled['unlabeled_reviews']} unlabelled reviews from "
+            f"`{distilled['unlabeled_file']}`, which trained the student on its labels alone."
+        )
+    lines += ["", "| model | test accuracy | test macro-F1 |", "| --- | --- | --- |"]
+    teacher_test = distilled.get("teacher_test")
+    if teacher_test:
+        lines.append(
+            f"| teacher `{distilled['teacher_base_model']}` (its own test split) | {teacher_test['accuracy']:.4f} "
+            f"| {teacher_test['macro_f1']:.4f} |"
+        )
+    if test:
+        lines.append(f"| student `{_base_model(run)}` | {test['accuracy']:.4f} | {test['macro_f1']:.4f} |")
     lines.append("")
     return lines
 

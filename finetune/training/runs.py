@@ -217,8 +217,12 @@ def save_run_config(
     command: list[str],
     data_report: dict[str, Any] | None = None,
     class_weights: list[float] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """Write what is needed to evaluate, predict with or reproduce the run, and what its data held."""
+    """Write what is needed to evaluate, predict with or reproduce the run, and what its data held.
+
+    ``extra`` adds entries (a distilled run's teacher, say).
+    """
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     config = {
@@ -232,6 +236,7 @@ def save_run_config(
         "seed": recipe.training.seed,
         "data_report": data_report,
         "class_weights": class_weights,
+        **(extra or {}),
     }
     (folder / RUN_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
 

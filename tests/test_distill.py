@@ -1,0 +1,169 @@
+"""``finetune distill`` end to end on the tiny model: teacher run -> student run -> predict, and its bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import tiny_recipe
+
+from finetune.cli import main
+
+# One quick epoch, no checkpoints or validation: these tests are about the wiring, not the scores.
+QUICK = {
+    "num_train_epochs": 1,
+    "eval_strategy": "no",
+    "save_strategy": "no",
+    "load_best_model_at_end": "false",
+    "validation_split_percentage": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def soft_label_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        cache = tmp_path_factory.mktemp("cache")
+        patch.setenv("FINETUNE_CACHE", str(cache))
+        yield cache
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory, tiny_model_dir, soft_label_cache):
+    folder = tmp_path_factory.mktemp("teacher")
+    recipe = tiny_recipe(folder, tiny_model_dir, folder / "run", **QUICK)
+    assert main(["train", str(recipe)]) == 0
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def student_run(tmp_path_factory, tiny_model_dir, teacher_run, soft_label_cache):
+    folder = tmp_path_factory.mktemp("student")
+    unlabeled = folder / "unlabeled.csv"
+    rows = [f"review {index} {'great value' if index % 2 else 'broke quickly'}" for index in range(40)]
+    unlabeled.write_text("review\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    recipe = tiny_recipe(folder, tiny_model_dir, folder / "run", unlabeled_file=unlabeled, **QUICK)
+    assert main(["distill", str(teacher_run), str(recipe), "--distill_alpha", "0.7"]) == 0
+    return folder / "run"
+
+
+def test_student_run_is_a_model_folder_that_names_its_teacher(student_run, teacher_run):
+    run = json.loads((student_run / "finetune_run.json").read_text())
+    distilled = run["distillation"]
+    assert distilled["teacher"] == str(teacher_run.resolve())
+    assert distilled["alpha"] == 0.7 and distilled["temperature"] == 2.0
+    assert distilled["unlabeled_reviews"] == 40
+    assert run["command"][:3] == ["finetune", "distill", str(teacher_run.resolve())]
+    teacher_test = json.loads((teacher_run / "test_report.json").read_text())
+    assert distilled["teacher_test"]["accuracy"] == teacher_test["accuracy"]
+    # 458 labelled + 40 unlabelled reviews = 32 micro-batches of 16: 16 updates (458 alone make 15).
+    state = json.loads((student_run / "trainer_state.json").read_text())
+    assert state["global_step"] == math.ceil(math.ceil(498 / 16) / 2) == 16
+    card = (student_run / "README.md").read_text()
+    assert "## Distillation" in card
+    assert "| student `" in card and "| teacher `" in card
+
+
+def test_student_predicts(student_run):
+    result = subprocess.run(
+        [sys.executable, "-m", "finetune", "predict", str(student_run)],
+        input="Broke after a day\nLove it\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    labels = [line.split(",")[1] for line in result.stdout.strip().splitlines()[1:]]
+    assert len(labels) == 2 and set(labels) <= {"negative", "neutral", "positive"}
+
+
+def test_soft_labels_are_cached_and_reused(tmp_path, tiny_model_dir, teacher_run, soft_label_cache, capsys):
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "again", **QUICK)
+    assert main(["distill", str(teacher_run), str(recipe), "--max_steps", "1"]) == 0
+    first = capsys.readouterr().err
+    again = ["distill", str(teacher_run), str(recipe), "--max_steps", "1", "--output_dir", str(tmp_path / "b")]
+    assert main(again) == 0
+    second = capsys.readouterr().err
+    assert "computed in" in first or "read from the cache" in first
+    assert "teacher soft labels for 458 reviews read from the cache" in second
+    assert list((soft_label_cache / "soft-labels").glob("*.npy"))
+
+
+def _refused(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    # Progress bars of the data read may come first; the error is one line, the last.
+    last = err.splitlines()[-1]
+    assert last.startswith("error: ") and err.count("error: ") == 1
+    return last
+
+
+def test_a_teacher_with_other_classes_is_refused(tmp_path, tiny_model_dir, teacher_run, capsys):
+    recipe = tiny_recipe(
+        tmp_path, tiny_model_dir, tmp_path / "out", label_bins="{negative: [1, 2], positive: [3, 5]}", **QUICK
+    )
+    err = _refused(["distill", str(teacher_run), str(recipe)], capsys)
+    assert "['negative', 'neutral', 'positive']" in err and "['negative', 'positive']" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_teacher_found_only_in_the_data_is_refused(tmp_path, tiny_model_dir, teacher_run, capsys):
+    # No class_names or label_bins in the recipe: the classes are only known once the data is read.
+    reviews = tmp_path / "reviews.csv"
+    rows = [f"review {index},{'bad' if index % 2 else 'good'}" for index in range(20)]
+    reviews.write_text("review,verdict\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    recipe = tiny_recipe(
+        tmp_path,
+        tiny_model_dir,
+        tmp_path / "out",
+        dataset_dir="null",
+        train_file=reviews,
+        test_split_percentage=20,
+        label_column="verdict",
+        title_column="null",
+        label_bins="null",
+        ignore_mismatched_sizes="true",  # the tiny model's head has 3 classes
+        **QUICK,
+    )
+    err = _refused(["distill", str(teacher_run), str(recipe)], capsys)
+    assert "the recipe's data has ['bad', 'good']" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_teacher_folder_without_a_model_is_refused(tmp_path, tiny_model_dir, capsys):
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "finetune_run.json").write_text("{}", encoding="utf-8")
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "out", **QUICK)
+    err = _refused(["distill", str(teacher), str(recipe)], capsys)
+    assert "holds no model" in err
+    assert not (tmp_path / "out").exists()
+    assert "is not a folder" in _refused(["distill", str(tmp_path / "missing"), str(recipe)], capsys)
+
+
+def test_an_unlabeled_file_without_the_text_column_is_refused(tmp_path, tiny_model_dir, teacher_run, capsys):
+    unlabeled = tmp_path / "u.csv"
+    unlabeled.write_text("body\nnice\n", encoding="utf-8")
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "out", unlabeled_file=unlabeled, **QUICK)
+    err = _refused(["distill", str(teacher_run), str(recipe)], capsys)
+    assert "has no column 'review' (text_column); its columns are body" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_refuses_distillation_settings(tmp_path, tiny_model_dir, capsys):
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "out", **QUICK)
+    err = _refused(["train", str(recipe), "--distill_alpha", "0.3"], capsys)
+    assert "distill_alpha is for 'finetune distill TEACHER_RUN RECIPE'" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--distill_alpha", "1.5"), ("--distill_temperature", "0")])
+def test_distillation_settings_are_checked(tmp_path, tiny_model_dir, teacher_run, capsys, flag, value):
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "out", **QUICK)
+    err = _refused(["distill", str(teacher_run), str(recipe), flag, value], capsys)
+    assert flag.lstrip("-") in err
+    assert not Path(tmp_path / "out").exists()
