@@ -17,6 +17,7 @@ from typing import Any, Literal
 from transformers import TrainingArguments
 
 from ..errors import FinetuneError
+from .launch import check_launch_agrees, cpu_for_launch
 
 PACKAGED_MODEL = "all-minilm-l6-v2"
 
@@ -352,7 +353,10 @@ class FinetuneTrainingArguments(TrainingArguments):
                 f"num_train_epochs must be > 0 (got {self.num_train_epochs}); pass --num_train_epochs 3, "
                 "or --max_steps N to count updates instead"
             )
+        # Before the parent's __post_init__, which sets up the device and with it whether the launch is distributed.
+        self.use_cpu = cpu_for_launch(self.use_cpu)
         super().__post_init__()
+        check_launch_agrees(self.world_size, self.use_cpu)
         if not 0.0 < self.layerwise_lr_decay <= 1.0:
             raise FinetuneError(
                 f"layerwise_lr_decay must be in (0, 1] (got {self.layerwise_lr_decay}); try 0.9, or 1.0 to turn it off"
