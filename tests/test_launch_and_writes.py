@@ -18,6 +18,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -120,3 +121,165 @@ def test_folder_locked_by_a_process_of_the_same_launch_says_so(tmp_path, monkeyp
         f"output_dir {run_dir} is in use by another finetune run (process {os.getpid()}); "
         "wait for it to finish, or choose another --output_dir"
     )
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def full_device_link(folder: Path, name: str) -> Path:
+    """``folder/name`` as a link to /dev/full, where every write fails with ENOSPC.
+
+    A link, never /dev/full itself: the code this guards once renamed its output over the target, and
+    run as root without the fix that would replace the machine's /dev/full with a plain file.
+    """
+    link = folder / name
+    link.symlink_to("/dev/full")
+    return link
+
+
+def one_error_line(status: int, capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert status == 2, captured.err
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def test_predict_onto_a_full_device_fails_and_never_says_it_wrote(tiny_model_dir, tmp_path, capsys):
+    # predict once wrote a .partial beside the target, renamed it over the target (the device, or a link
+    # to it) and printed "wrote 2 predictions to /dev/full" with exit status 0.
+    from finetune.cli import main
+
+    (tmp_path / "in.csv").write_text("review\ngreat\nawful\n", encoding="utf-8")
+    output = full_device_link(tmp_path, "predictions.csv")
+    status = main(
+        ["predict", str(tiny_model_dir), "--input", str(tmp_path / "in.csv"), "--output", str(output), "--overwrite"]
+    )
+    assert one_error_line(status, capsys) == (
+        f"error: cannot write {output} (No space left on device); free disk space or choose another --output"
+    )
+    assert output.is_symlink() and os.readlink(output) == "/dev/full"  # written through, not replaced
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.csv", "predictions.csv"]  # no .partial left
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, tiny_model_dir) -> Path:
+    """A finished 2-update run (test_bad_input's), evaluated once on its train split; each test works on a copy."""
+    from test_bad_input import run_recipe
+
+    from finetune.cli import main
+
+    folder = tmp_path_factory.mktemp("trained")
+    assert main(["train", str(run_recipe(folder, tiny_model_dir, baseline="true"))]) == 0
+    assert main(["evaluate", str(folder / "run"), *EVALUATE_FLAGS]) == 0
+    return folder / "run"
+
+
+EVALUATE_FLAGS = ["--split", "train", "--no_baseline", "--resamples", "10"]
+
+
+@pytest.fixture
+def run_dir(trained_run, tmp_path) -> Path:
+    import shutil
+
+    shutil.copytree(trained_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_evaluate_on_a_full_disk_keeps_the_earlier_results(run_dir):
+    # evaluate once opened each file in place: the disk refusing a write (here: the file-size limit)
+    # left the earlier errors_train.csv cut to nothing, and the message named no file.
+    before = snapshot(run_dir)
+    limit = len(before["errors_train.csv"]) // 2
+
+    def limit_file_size() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "finetune", "evaluate", str(run_dir), *EVALUATE_FLAGS],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit_file_size,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: cannot write {run_dir / 'errors_train.csv'} (File too large); free disk space or choose another folder"
+    )
+    assert "saved to" not in done.stderr and "also wrote" not in done.stderr
+    assert snapshot(run_dir) == before  # every earlier result whole, no .partial left
+
+
+@pytest.mark.parametrize(
+    "name", ["evaluation_train.json", "evaluation_train.md", "errors_train.csv", "reliability_train.png"]
+)
+def test_evaluate_onto_a_full_device_names_the_file(run_dir, capsys, name):
+    from finetune.cli import main
+
+    (run_dir / name).unlink()
+    link = full_device_link(run_dir, name)
+    status = main(["evaluate", str(run_dir), *EVALUATE_FLAGS])
+    assert one_error_line(status, capsys) == (
+        f"error: cannot write {link} (No space left on device); free disk space or choose another folder"
+    )
+
+
+@pytest.mark.parametrize("name", ["README.md", "report/metrics.json", "report/history.csv", "report/loss.png"])
+def test_run_report_and_model_card_onto_a_full_device(run_dir, name):
+    from transformers import TrainerState
+
+    from finetune.evaluation.model_card import write_model_card
+    from finetune.evaluation.report import write_run_report
+    from finetune.training.runs import find_run_config
+
+    (run_dir / name).unlink()
+    link = full_device_link(run_dir / Path(name).parent, Path(name).name)
+    with pytest.raises(FinetuneError) as refused:
+        if name == "README.md":
+            write_model_card(run_dir)
+        else:
+            state = TrainerState.load_from_json(str(run_dir / "trainer_state.json"))
+            recipe = find_run_config(run_dir)["recipe"]
+            write_run_report(run_dir, quiet_run_args(run_dir), state, [], recipe, train_metrics={})
+    assert (
+        str(refused.value) == f"cannot write {link} (No space left on device); free disk space or choose another folder"
+    )
+
+
+def quiet_run_args(run_dir: Path):
+    from helpers import quiet_args
+
+    return quiet_args(run_dir, per_device_train_batch_size=4)
+
+
+def test_output_file_keeps_the_earlier_file_when_the_sync_fails(tmp_path, monkeypatch):
+    # Some disks (network, quota) refuse a write only at the sync or the close.
+    from finetune.config.output_files import write_output_text
+
+    earlier = tmp_path / "metrics.json"
+    earlier.write_text("earlier\n", encoding="utf-8")
+
+    def disk_full(descriptor: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(FinetuneError, match=r"^cannot write .*metrics.json \(No space left on device\); free disk"):
+        write_output_text(earlier, "new\n")
+    assert earlier.read_text(encoding="utf-8") == "earlier\n"
+    assert [path.name for path in tmp_path.iterdir()] == ["metrics.json"]
+
+
+def test_output_file_through_a_link_replaces_the_file_it_names(tmp_path):
+    from finetune.config.output_files import write_output_text
+
+    (tmp_path / "real.json").write_text("earlier\n", encoding="utf-8")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    write_output_text(tmp_path / "link.json", "new\n")
+    assert (tmp_path / "link.json").is_symlink()
+    assert (tmp_path / "real.json").read_text(encoding="utf-8") == "new\n"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config.output_files import write_output_text
 from ..errors import FinetuneError, TrainingInterrupted
 
 
@@ -129,9 +130,9 @@ def run_repeats(
     }
     table = format_summary(summary, kind)
     folder.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_output_text(summary_path, json.dumps(summary, indent=2) + "\n")
     table_path = folder / f"{kind}s.md"
-    table_path.write_text(table + "\n", encoding="utf-8")
+    write_output_text(table_path, table + "\n")
     print(table)
     print(f"saved to {summary_path} and {table_path}", file=sys.stderr)
     return summary

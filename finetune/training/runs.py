@@ -21,6 +21,7 @@ from typing import Any
 
 from transformers.trainer_utils import sort_checkpoints
 
+from ..config.output_files import write_output_text
 from ..errors import FinetuneError
 from .checkpointing import read_json_object, require_loadable_model_files
 
@@ -259,7 +260,7 @@ def save_run_config(
         "data_report": data_report,
         "class_weights": class_weights,
     }
-    (folder / RUN_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
+    write_output_text(folder / RUN_CONFIG, json.dumps(config, indent=2, default=str) + "\n")
 
 
 def data_fields_on_record(data: Any) -> dict[str, Any]:
