@@ -7,9 +7,10 @@ line naming the problem and the fix, exit status 2, nothing on disk lost):
   --multi_gpu --num_processes 2`` on a machine without a GPU and without use_cpu (they train as 2
   processes); a launch whose processes would each train alone (refused before any folder is made);
   a run folder locked by a process of the same launch (named as such, not as another run);
-- writing: predict --output onto /dev/full (or a link to it) or with stdout on it; a full disk under
-  evaluate's files, the run report, the model card, a --seeds summary, and any output file written
-  through the shared writer, which keeps the earlier file whole.
+  ``--seeds`` under torchrun (rank 0 alone writes and prints the summary);
+- writing: predict --output onto /dev/full (through a link); evaluate under a file-size limit (the
+  earlier results kept whole); evaluate's files, the run report and the model card onto /dev/full;
+  the shared writer when the sync fails (earlier file kept) and through a link.
 """
 
 from __future__ import annotations
@@ -283,3 +284,28 @@ def test_output_file_through_a_link_replaces_the_file_it_names(tmp_path):
     write_output_text(tmp_path / "link.json", "new\n")
     assert (tmp_path / "link.json").is_symlink()
     assert (tmp_path / "real.json").read_text(encoding="utf-8") == "new\n"
+
+
+@pytest.mark.slow
+def test_launched_seeds_summary_is_written_and_printed_by_rank_0_only(tmp_path, tiny_model_dir):
+    # Every process once wrote seeds.json and seeds.md into the same folder and printed the table.
+    from test_distributed import RECORD_WRITES
+
+    run_dir = tmp_path / "run"
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, run_dir, num_train_epochs=1, baseline="false")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(textwrap.dedent(RECORD_WRITES), encoding="utf-8")
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
+        "RECORD_WRITES_UNDER": str(run_dir),
+        "RECORD_WRITES_TO": str(hooks),
+    }
+    command = [*LAUNCHERS["torchrun"], "-m", "finetune", "train", str(recipe), "--seeds", "1"]
+    done = launched(command, cwd=tmp_path, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert json.loads((run_dir / "seeds.json").read_text())["seeds"] == [42]
+    assert done.stdout.count("| seed |") == 1  # the table, printed once
+    rank_1_log = hooks / "writes-rank1.txt"
+    rank_1 = rank_1_log.read_text().splitlines() if rank_1_log.exists() else []
+    assert [line for line in rank_1 if "seeds." in line] == []

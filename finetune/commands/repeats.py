@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config.launch import launched_rank
 from ..config.output_files import write_output_text
 from ..errors import FinetuneError, TrainingInterrupted
 
@@ -129,6 +130,9 @@ def run_repeats(
         "sd": {name: _sd([entry[name] for entry in runs]) for name in columns},
     }
     table = format_summary(summary, kind)
+    if launched_rank() != 0:
+        # Under torchrun every process trains each run; the launcher's rank 0 alone writes and says the summary.
+        return summary
     folder.mkdir(parents=True, exist_ok=True)
     write_output_text(summary_path, json.dumps(summary, indent=2) + "\n")
     table_path = folder / f"{kind}s.md"
