@@ -88,7 +88,7 @@ def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
 
 
 def tiny_recipe(folder: Path, model_dir: Path, output_dir: Path, **fields) -> Path:
-    """The quickstart recipe pointed at the tiny model, for speed; ``fields`` replace or add recipe keys."""
+    """The quickstart recipe pointed at the tiny model, for speed; ``fields`` replace, add or (None) drop keys."""
     values = {
         "model_name_or_path": model_dir,
         "dataset_dir": PROJECT / "data" / "reviews",
@@ -114,6 +114,7 @@ def tiny_recipe(folder: Path, model_dir: Path, output_dir: Path, **fields) -> Pa
     }
     values.update(fields)
     path = folder / "recipe.yaml"
-    lines = ["# test recipe: finetune train recipe.yaml", *(f"{key}: {value}" for key, value in values.items())]
+    kept = {key: value for key, value in values.items() if value is not None}
+    lines = ["# test recipe: finetune train recipe.yaml", *(f"{key}: {value}" for key, value in kept.items())]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from ..config.output_files import check_output_file
+from ..config.output_files import OUTPUT_FLAG, check_output_file, write_output_text
 
 
 def baseline(recipe: str | None, overrides: list[str] | None = None, output: str | None = None) -> dict[str, Any]:
@@ -38,6 +37,6 @@ def baseline(recipe: str | None, overrides: list[str] | None = None, output: str
         print(f"| {split} | {scores['num_samples']} | {scores['accuracy']:.4f} | {scores['macro_f1']:.4f} |")
     print(f"fit in {result.fit_seconds:.1f} s" + (f"; {result.note}" if result.note else ""), file=sys.stderr)
     if output:
-        Path(output).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_output_text(output, json.dumps(result.to_dict(), indent=2) + "\n", instead=OUTPUT_FLAG)
         print(f"saved to {output}", file=sys.stderr)
     return result.to_dict()

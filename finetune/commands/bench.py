@@ -27,7 +27,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..config.output_files import check_output_file
+from ..config.output_files import OUTPUT_FLAG, check_output_file, write_output_text
 from ..errors import FinetuneError
 from .bench_systems import (
     CLASSIC_LOOP,
@@ -162,7 +162,7 @@ def bench(
         text = format_speed_report(report)
     print(text)
     if output:
-        Path(output).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_output_text(output, json.dumps(report, indent=2) + "\n", instead=OUTPUT_FLAG)
         print(f"saved to {output}", file=sys.stderr)
     return report
 

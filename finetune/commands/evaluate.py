@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config.output_files import write_output_text
 from ..data.encoding import ReviewEncoding
 from ..errors import FinetuneError
 
@@ -104,9 +105,10 @@ def evaluate(
     if calibrate:
         written.append(calibrate_model(models[-1], calibration_data, batch_size, probabilities[-1], scoring.labels))
     out_name = f"evaluation_{scored_on}.json"
-    (folder / out_name).write_text(json.dumps(reports, indent=2) + "\n", encoding="utf-8")
-    print(f"saved to {folder / out_name}", file=sys.stderr)
+    write_output_text(folder / out_name, json.dumps(reports, indent=2) + "\n")
     written += write_pictures_and_table(folder, scored_on, reports, label_names)
+    # Said once every file is written: a failure part-way must not follow a line saying it was saved.
+    print(f"saved to {folder / out_name}", file=sys.stderr)
     print(f"also wrote {', '.join(path.name for path in written)}", file=sys.stderr)
     return reports
 
@@ -197,7 +199,7 @@ def calibrate_model(
         ),
     }
     scale_classifier(model, temperature).save_pretrained(model_dir)
-    record_path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_output_text(record_path, json.dumps(record, indent=2) + "\n")
     print(
         f"calibrated {model_dir}: T = {temperature:.3f}, validation ECE {record['validation_ece_before']:.3f} -> "
         f"{record['validation_ece_after']:.3f}, scored split {record['scored_ece_before']:.3f} -> "
@@ -243,7 +245,7 @@ def write_pictures_and_table(
     from ..evaluation.report import plot_checkpoints, plot_confusion_matrix, plot_scores
 
     table = folder / f"evaluation_{scored_on}.md"
-    table.write_text(format_table(reports) + "\n", encoding="utf-8")
+    write_output_text(table, format_table(reports) + "\n")
     best = next(report for report in reports if report.get("best"))
     confusion = folder / f"confusion_matrix_{scored_on}.png"
     title = (

@@ -319,21 +319,20 @@ def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | N
 
 
 class _Output:
-    """Where predictions go, opened before the model loads; a file is written beside and renamed into place."""
+    """Where predictions go, opened before the model loads; a file is written whole or not at all (output_file)."""
 
     def __init__(self, output_path: str | None, input_format: str) -> None:
+        from ..config.output_files import OUTPUT_FLAG, output_file
+
         self.path = Path(output_path) if output_path else None
         self.writer: csv.DictWriter | None = None
         if self.path is None:
-            self.format, self.handle, self.partial = "csv", sys.stdout, None
+            self.format, self.handle, self.file = "csv", sys.stdout, None
             return
         suffix = self.path.suffix.lower()  # one of OUTPUT_FORMATS or none: predict() checked it
         self.format = OUTPUT_FORMATS[suffix] if suffix else input_format
-        self.partial = self.path.with_name(f".{self.path.name}.partial")
-        try:
-            self.handle = self.partial.open("w", newline="", encoding="utf-8")
-        except OSError as error:
-            raise FinetuneError(f"--output {output_path}: cannot write ({error.strerror or error}); choose another")
+        self.file = output_file(self.path, instead=OUTPUT_FLAG)
+        self.handle = self.file.__enter__()
 
     def __enter__(self) -> _Output:
         return self
@@ -356,11 +355,7 @@ class _Output:
             self.writer.writerows(results)
         self.handle.flush()
 
-    def __exit__(self, error_type: type | None, *exc: object) -> None:
-        if self.partial is None:
-            return
-        self.handle.close()
-        if error_type is None:
-            os.replace(self.partial, self.path)
-        else:
-            self.partial.unlink(missing_ok=True)
+    def __exit__(self, error_type: type[BaseException] | None, error: BaseException | None, traceback: Any) -> None:
+        # output_file flushes, syncs and renames into place, or removes what it wrote and raises.
+        if self.file is not None:
+            self.file.__exit__(error_type, error, traceback)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config.launch import launched_rank
+from ..config.output_files import write_output_text
 from ..errors import FinetuneError, TrainingInterrupted
 
 
@@ -128,10 +130,13 @@ def run_repeats(
         "sd": {name: _sd([entry[name] for entry in runs]) for name in columns},
     }
     table = format_summary(summary, kind)
+    if launched_rank() != 0:
+        # Under torchrun every process trains each run; the launcher's rank 0 alone writes and says the summary.
+        return summary
     folder.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_output_text(summary_path, json.dumps(summary, indent=2) + "\n")
     table_path = folder / f"{kind}s.md"
-    table_path.write_text(table + "\n", encoding="utf-8")
+    write_output_text(table_path, table + "\n")
     print(table)
     print(f"saved to {summary_path} and {table_path}", file=sys.stderr)
     return summary

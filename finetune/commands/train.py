@@ -14,6 +14,7 @@ from typing import Any
 # Light next to what every train imports anyway (load_recipe's HfArgumentParser is transformers too).
 from transformers import TrainerCallback
 
+from ..config.output_files import write_output_text
 from ..errors import FinetuneError, TrainingInterrupted
 
 
@@ -196,7 +197,7 @@ def _train_checked(
         trainer.save_metrics("test", {"test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"]})
         if trainer.is_world_process_zero():
             report_path = Path(args.output_dir, "test_report.json")
-            report_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            write_output_text(report_path, json.dumps(report, indent=2) + "\n")
 
     # Report: pictures and their numbers in report/, then the model card. The card is written
     # last so that it, not a README.md from transformers' saving, is the one the folder keeps.

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 from transformers import TrainerCallback
 
+from ..config.output_files import output_file, write_output_text
 from ..errors import FinetuneError
 
 STUDY_NAME = "finetune-tune"
@@ -272,7 +273,7 @@ def write_best_recipe(
         f"#   finetune train {path}",
         "",
     ]
-    path.write_text("\n".join(header) + yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+    write_output_text(path, "\n".join(header) + yaml.safe_dump(values, sort_keys=False))
     return path
 
 
@@ -293,7 +294,7 @@ def _write_trials(folder: Path, study: Any) -> None:
         )
     if not rows:
         return
-    with (folder / "trials.csv").open("w", newline="", encoding="utf-8") as handle:
+    with output_file(folder / "trials.csv") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -301,7 +302,7 @@ def _write_trials(folder: Path, study: Any) -> None:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row[name]) for name in header) + " |")
-    (folder / "trials.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_output_text(folder / "trials.md", "\n".join(lines) + "\n")
 
 
 def _cell(value: Any) -> str:

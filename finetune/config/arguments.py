@@ -17,6 +17,7 @@ from typing import Any, Literal
 from transformers import TrainingArguments
 
 from ..errors import FinetuneError
+from .launch import check_launch_agrees, cpu_for_launch
 
 PACKAGED_MODEL = "all-minilm-l6-v2"
 
@@ -379,7 +380,10 @@ class FinetuneTrainingArguments(TrainingArguments):
                 f"num_train_epochs must be > 0 (got {self.num_train_epochs}); pass --num_train_epochs 3, "
                 "or --max_steps N to count updates instead"
             )
+        # Before the parent's __post_init__, which sets up the device and with it whether the launch is distributed.
+        self.use_cpu = cpu_for_launch(self.use_cpu)
         super().__post_init__()
+        check_launch_agrees(self.world_size, self.use_cpu)
         if not (math.isfinite(self.distill_alpha) and 0.0 <= self.distill_alpha <= 1.0):
             raise FinetuneError(f"distill_alpha must be in [0, 1] (got {self.distill_alpha}); try 0.5")
         _check_positive("distill_temperature", self.distill_temperature, "2.0")

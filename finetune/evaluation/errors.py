@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config.output_files import output_file
+
 LARGEST_LOSSES = 50
 
 
@@ -53,5 +55,6 @@ def write_largest_losses(
 
     rows = largest_losses(texts, labels, probabilities, label_names, count)
     columns = ["text", "true", "predicted", "probability", "true_probability", "loss"]
-    pd.DataFrame(rows, columns=columns).to_csv(path, index=False)
+    with output_file(path) as handle:
+        pd.DataFrame(rows, columns=columns).to_csv(handle, index=False)
     return path

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config.output_files import write_output_text
 from ..errors import FinetuneError
 
 ONNX_FILE = "model_int8.onnx"
@@ -129,7 +130,7 @@ def export_int8(
         ),
         "onnx_file": ONNX_FILE,
     }
-    (output_dir / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_output_text(output_dir / EXPORT_RECORD, json.dumps(record, indent=2) + "\n")
     return output_dir / ONNX_FILE
 
 

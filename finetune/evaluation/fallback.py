@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config.output_files import write_output_text
 from ..errors import FinetuneError
 from .export import EXPORT_RECORD, read_export_record
 
@@ -47,7 +48,7 @@ def add_fp32_fallback(export_dir: Path, model: Any, margin: float) -> None:
         "rule": "reviews whose int8 top-two class probabilities differ by less than margin are scored by the "
         "fp32 model in folder, whose probabilities replace int8's",
     }
-    (export_dir / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_output_text(export_dir / EXPORT_RECORD, json.dumps(record, indent=2) + "\n")
 
 
 def top_two_gap(probabilities: np.ndarray) -> np.ndarray:

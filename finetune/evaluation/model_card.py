@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from ..config.output_files import write_output_text
 from ..data.catalog import CATALOG, CatalogEntry
 from ..data.fetch import dataset_folder
 from ..errors import FinetuneError
@@ -64,7 +65,7 @@ def write_model_card(output_dir: str | Path) -> Path:
     ]
     card = ModelCard(f"---\n{_card_data(run, config, entry).to_yaml()}\n---\n\n" + "\n".join(body))
     path = folder / CARD
-    card.save(path)
+    write_output_text(path, str(card))  # what ModelCard.save writes, whole or not at all
     return path
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config.output_files import write_output_text
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
 from ..errors import FinetuneError
 from .export import EXPORT_RECORD, quiet_loggers, read_export_record
@@ -199,7 +200,7 @@ def _write_openvino(
     model.config.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     record = {"source": source, "format": "OpenVINO IR", "backend": "openvino", **record, "model_file": OPENVINO_FILE}
-    (output_dir / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_output_text(output_dir / EXPORT_RECORD, json.dumps(record, indent=2) + "\n")
     return output_dir / OPENVINO_FILE
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from ..config.output_files import output_file, write_output_text
+
 REPORT_DIR = "report"
 DPI = 100
 # Every picture is a fixed pixel size (inches x DPI), never trimmed to its contents,
@@ -122,7 +124,8 @@ def write_history_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
         if column not in table:
             table[column] = math.nan
     table = table[leading + [column for column in table.columns if column not in leading]]
-    table.to_csv(path, index=False)
+    with output_file(path) as handle:
+        table.to_csv(handle, index=False)
 
 
 # ----------------------------------------------------------------- the run
@@ -201,7 +204,7 @@ def write_run_report(
         "vs_baseline": _versus_baseline(test_report, baseline),
         "pictures": pictures,
     }
-    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n", encoding="utf-8")
+    write_output_text(folder / "metrics.json", json.dumps(metrics, indent=2, default=str) + "\n")
     return folder
 
 
@@ -509,7 +512,8 @@ def _figure(inches: tuple[float, float]) -> tuple[Any, Any]:
 
 def _save(figure: Any, path: Path) -> None:
     # No bbox_inches="tight": it would change the pixel size from picture to picture.
-    figure.savefig(path, dpi=DPI)
+    with output_file(path, binary=True) as handle:
+        figure.savefig(handle, dpi=DPI, format=path.suffix.lstrip("."))
 
 
 def _finish(axes: Any, title: str, ylabel: str, epochs_per_update: float | None, empty: str | None) -> None:

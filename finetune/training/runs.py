@@ -21,6 +21,7 @@ from typing import Any
 
 from transformers.trainer_utils import sort_checkpoints
 
+from ..config.output_files import write_output_text
 from ..errors import FinetuneError
 from .checkpointing import read_json_object, require_loadable_model_files
 
@@ -175,12 +176,9 @@ def _acquire(lock_path: Path, output_dir: str) -> int:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(descriptor, 32).decode("ascii", "replace").strip() or "unknown"
+            holder = os.read(descriptor, 4096).decode("utf-8", "replace")
             os.close(descriptor)
-            raise FinetuneError(
-                f"output_dir {output_dir} is in use by another finetune run (process {holder}); "
-                "wait for it to finish, or choose another --output_dir"
-            )
+            raise FinetuneError(_in_use_message(output_dir, holder))
         # The run before us may have unlinked the file between our open and our lock: lock the new one then.
         try:
             same_file = os.stat(lock_path).st_ino == os.fstat(descriptor).st_ino
@@ -188,9 +186,38 @@ def _acquire(lock_path: Path, output_dir: str) -> int:
             same_file = False
         if same_file:
             os.ftruncate(descriptor, 0)
-            os.write(descriptor, f"{os.getpid()}\n".encode())
+            os.write(descriptor, _holder_record().encode())
             return descriptor
         os.close(descriptor)
+
+
+def _holder_record() -> str:
+    """What the lock file says of its holder: the process id, then (when launched) the launch and the rank."""
+    from ..config.launch import launch_id, launched_rank
+
+    launch = launch_id()
+    return f"{os.getpid()}\n" + (f"launch {launch}\nrank {launched_rank()}\n" if launch else "")
+
+
+def _in_use_message(output_dir: str, holder: str) -> str:
+    """Why ``output_dir`` is locked, from its holder's record: another run, or a process of this same launch."""
+    from ..config.launch import launch_id
+
+    lines = holder.splitlines()
+    pid = lines[0].strip() if lines and lines[0].strip() else "unknown"
+    record = dict(line.split(" ", 1) for line in lines[1:] if " " in line)
+    launch = launch_id()
+    if launch is not None and record.get("launch") == launch:
+        # A sibling, not a stranger: the processes of this launch disagree on which one is the main process.
+        return (
+            f"output_dir {output_dir} is locked by process {pid}, rank {record.get('rank', '?')} of this same launch: "
+            "more than one of the launched processes acts as the main one, so they would not train together; "
+            "pass --use_cpu true on a machine without a GPU, or launch one process per GPU"
+        )
+    return (
+        f"output_dir {output_dir} is in use by another finetune run (process {pid}); "
+        "wait for it to finish, or choose another --output_dir"
+    )
 
 
 def _missing_parents(folder: Path) -> list[Path]:
@@ -238,7 +265,7 @@ def save_run_config(
         "class_weights": class_weights,
         **(extra or {}),
     }
-    (folder / RUN_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
+    write_output_text(folder / RUN_CONFIG, json.dumps(config, indent=2, default=str) + "\n")
 
 
 def data_fields_on_record(data: Any) -> dict[str, Any]:
