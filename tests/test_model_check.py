@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +95,59 @@ def test_a_text_column_of_numbers_is_warned_about(tmp_path, capsys):
     ) in capsys.readouterr().err
     load_review_data(DataArguments(text_column="review", **fields))
     assert "warning" not in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- predict's input and output
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("reviews.csv", 'text,id\ngreat,1\n"",2\n,3\n   ,4\nawful,5\n'),
+        (
+            "reviews.jsonl",
+            '{"text": "great", "id": 1}\n{"text": "", "id": 2}\n{"text": null, "id": 3}\n'
+            '{"text": "   ", "id": 4}\n{"text": "awful", "id": 5}\n',
+        ),
+    ],
+    ids=["csv", "jsonl"],
+)
+def test_an_empty_review_gets_an_empty_label_and_a_note(tiny_model_dir, tmp_path, capsys, name, content):
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    output = tmp_path / f"out{Path(name).suffix}"
+    assert main(["predict", str(tiny_model_dir), "--input", str(tmp_path / name), "--output", str(output)]) == 0
+    assert "note: 3 of 5 reviews are empty (review 2, 3, 4) and got an empty label" in capsys.readouterr().err
+    if name.endswith(".csv"):
+        import csv
+
+        results = list(csv.DictReader(output.open(encoding="utf-8")))
+        assert [row["label"] == "" for row in results] == [False, True, True, True, False]
+        assert [row["probability"] for row in results[1:4]] == ["", "", ""]
+    else:
+        results = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+        assert [row["label"] == "" for row in results] == [False, True, True, True, False]
+        assert [row["probability"] for row in results[1:4]] == [None, None, None]
+    assert [str(row["id"]) for row in results] == ["1", "2", "3", "4", "5"]
+
+
+@pytest.mark.parametrize("locale", [{"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "LANG": "C"}], ids=["ascii", "C"])
+def test_predict_writes_utf8_whatever_the_locale(tiny_model_dir, locale):
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONIOENCODING", "LC_ALL", "LANG")}
+    env.update(locale, PYTHONPATH=str(PROJECT), PYTHONUTF8="0")
+    result = subprocess.run(
+        [sys.executable, "-m", "finetune", "predict", str(tiny_model_dir)],
+        input="Très bien, ça marche 😀\n".encode(),
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    assert "Très bien, ça marche 😀" in result.stdout.decode("utf-8")
+
+
+def test_a_jsonl_input_with_a_byte_order_mark_is_read(tiny_model_dir, tmp_path, capsys):
+    (tmp_path / "reviews.jsonl").write_bytes('\ufeff{"text": "great"}\n{"text": "awful"}\n'.encode())
+    output = tmp_path / "out.jsonl"
+    argv = ["predict", str(tiny_model_dir), "--input", str(tmp_path / "reviews.jsonl"), "--output", str(output)]
+    assert main(argv) == 0
+    assert [json.loads(line)["text"] for line in output.read_text(encoding="utf-8").splitlines()] == ["great", "awful"]
