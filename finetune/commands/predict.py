@@ -52,7 +52,12 @@ def predict(
     from tqdm.auto import tqdm
 
     from ..data.encoding import ReviewEncoding
-    from ..evaluation.inference import check_batch_size, load_inference_model, predict_probabilities
+    from ..evaluation.inference import (
+        check_batch_size,
+        load_inference_model,
+        predict_probabilities,
+        warn_if_model_changed,
+    )
     from ..training.runs import find_run_config
 
     # Every check before the model loads: a mistake costs a second, not an inference.
@@ -83,6 +88,8 @@ def predict(
             first = list(itertools.islice(batches, 1))
             batches = itertools.chain(first, batches)
         model, tokenizer = load_inference_model(model_dir)
+        # After the check: a model that does not work is refused in one line, with no warning before it.
+        warn_if_model_changed(model_dir, "its predictions")
         encoding = ReviewEncoding.from_fields(data_fields)
         label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
         bar = tqdm(desc="predict", unit=" reviews", dynamic_ncols=True, disable=None)
