@@ -24,7 +24,9 @@ errors answer quickly.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -419,6 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for bad input, with a one-line message)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Reviews, class names and paths are any text: an ASCII locale (LC_ALL=C, PYTHONIOENCODING=ascii)
+    # would end a prediction half-written in a UnicodeEncodeError. Input is read as UTF-8 too.
+    with contextlib.suppress(AttributeError, io.UnsupportedOperation):
+        sys.stdout.reconfigure(encoding="utf-8")
     try:
         options, extra = build_cli().parse_known_args(argv)
         # train, distill, bench, baseline and tune pass unknown flags on as recipe overrides.

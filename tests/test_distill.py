@@ -167,3 +167,19 @@ def test_distillation_settings_are_checked(tmp_path, tiny_model_dir, teacher_run
     err = _refused(["distill", str(teacher_run), str(recipe), flag, value], capsys)
     assert flag.lstrip("-") in err
     assert not Path(tmp_path / "out").exists()
+
+
+def test_a_teacher_whose_model_does_not_work_is_refused(tmp_path, tiny_model_dir, teacher_run, capsys):
+    """The model-folder check runs on the teacher: here its classes reordered in config.json."""
+    import shutil
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(teacher_run, teacher)
+    config = json.loads((teacher / "config.json").read_text())
+    config["id2label"] = {"0": "positive", "1": "neutral", "2": "negative"}
+    config["label2id"] = {name: int(index) for index, name in config["id2label"].items()}
+    (teacher / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "out", **QUICK)
+    err = _refused(["distill", str(teacher), str(recipe)], capsys)
+    assert "id2label" in err
+    assert not (tmp_path / "out").exists()

@@ -38,11 +38,13 @@ class TeacherRun:
     encoding_fields: dict[str, Any]
     base_model: str
     test_scores: dict[str, float] | None
+    model: Any = None  # loaded by the model check, used for the soft labels
 
     @classmethod
     def open(cls, path: str) -> TeacherRun:
-        """Check that ``path`` holds a trained run with a PyTorch model, and read what distillation needs."""
+        """Check that ``path`` holds a trained run whose PyTorch model works, and read what distillation needs."""
         from ..evaluation.inference import is_exported_folder
+        from ..training.model_check import check_model_folder
         from ..training.runs import RUN_CONFIG, find_run_config, require_model_folder
 
         folder = Path(path)
@@ -65,7 +67,9 @@ class TeacherRun:
         test = _read_json(folder / "test_report.json")
         scores = {"accuracy": test["accuracy"], "macro_f1": test["macro_f1"]} if test else None
         base_model = (run_config.get("model") or {}).get("model_name_or_path", "unknown")
-        return cls(folder.resolve(), class_names, run_config.get("data") or {}, str(base_model), scores)
+        # Weights that do not fit, a NaN, reordered classes: refused here, before the student's folder exists.
+        model = check_model_folder(folder)
+        return cls(folder.resolve(), class_names, run_config.get("data") or {}, str(base_model), scores, model)
 
     def check_classes(self, class_names: list[str], where: str) -> None:
         """Refuse a student whose classes (or their order) differ from the teacher's."""
@@ -109,11 +113,13 @@ class TeacherRun:
         return values, note
 
     def _compute(self, texts: list[str], batch_size: int, encoding: Any) -> np.ndarray:
-        from ..evaluation.inference import load_inference_model, predict_probabilities
+        from transformers import AutoTokenizer
 
-        model, tokenizer = load_inference_model(self.folder)
-        probabilities = predict_probabilities(model, tokenizer, texts, batch_size, encoding)
-        del model
+        from ..evaluation.inference import predict_probabilities
+
+        tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        probabilities = predict_probabilities(self.model, tokenizer, texts, batch_size, encoding)
+        self.model = None  # the student trains next: free the teacher's memory
         if not np.isfinite(probabilities).all():
             raise FinetuneError(
                 f"the teacher {self.folder} gives non-finite probabilities; check it with 'finetune evaluate "

@@ -46,6 +46,7 @@ def evaluate(
     """
 
     from ..evaluation.inference import require_inference_folder
+    from ..training.model_check import check_model_config
     from ..training.runs import checkpoints
 
     paths = [path] if isinstance(path, str) else list(path)
@@ -69,6 +70,8 @@ def evaluate(
             models.append(folder)
     for model_dir in models:
         require_inference_folder(model_dir)
+        # The weights are checked as each model loads to be scored; its classes before they are compared.
+        check_model_config(model_dir)
 
     # Every model scored shares its classes and data: read the data once.
     label_names = _label_names(models[0])
@@ -80,11 +83,12 @@ def evaluate(
             )
     # Checked before anything is scored or written: a refused calibration leaves the folder as it was.
     calibration_data = _calibration_data(models[-1], label_names) if calibrate else None
+    scoring = load_labelled_texts(models[0], data, split, label_names)
+    # Each model is checked as it loads (check_model_folder): a broken one stops the command before any file is written.
+    scored = [_score(model_dir, scoring, label_names, batch_size) for model_dir in models]
     if len(paths) > 1:
         folder = folder / "comparison"
         folder.mkdir(exist_ok=True)
-    scoring = load_labelled_texts(models[0], data, split, label_names)
-    scored = [_score(model_dir, scoring, label_names, batch_size) for model_dir in models]
     reports = [report for report, _ in scored]
     probabilities = [probs for _, probs in scored]
     best = max(range(len(reports)), key=lambda index: reports[index]["macro_f1"])
@@ -177,6 +181,7 @@ def calibrate_model(
         temperature_scaled,
     )
     from ..evaluation.inference import load_inference_model, predict_probabilities
+    from ..training.runs import record_model_fingerprint
 
     model, tokenizer = load_inference_model(model_dir)
     probabilities = predict_probabilities(model, tokenizer, validation.texts, batch_size, validation.encoding)
@@ -199,6 +204,8 @@ def calibrate_model(
         ),
     }
     scale_classifier(model, temperature).save_pretrained(model_dir)
+    # The rescaled model is the run's model now: no warning that it is not the one training saved.
+    record_model_fingerprint(model_dir)
     write_output_text(record_path, json.dumps(record, indent=2) + "\n")
     print(
         f"calibrated {model_dir}: T = {temperature:.3f}, validation ECE {record['validation_ece_before']:.3f} -> "
@@ -273,11 +280,12 @@ def _score(
     model_dir: Path, scoring: ScoringData, label_names: list[str], batch_size: int
 ) -> tuple[dict[str, Any], Any]:
     """The report of the model in ``model_dir`` on the scored reviews, and its probabilities."""
-    from ..evaluation.inference import load_inference_model, predict_probabilities
+    from ..evaluation.inference import load_inference_model, predict_probabilities, warn_if_model_changed
     from ..evaluation.metrics import classification_report
     from ..training.runs import checkpoint_step
 
     model, tokenizer = load_inference_model(model_dir)
+    warn_if_model_changed(model_dir, "its scores")
     probabilities = predict_probabilities(model, tokenizer, scoring.texts, batch_size, scoring.encoding)
     report = classification_report(probabilities.argmax(-1), scoring.labels, label_names)
     return {"model": str(model_dir), "step": checkpoint_step(model_dir), **report}, probabilities

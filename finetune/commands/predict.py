@@ -52,7 +52,12 @@ def predict(
     from tqdm.auto import tqdm
 
     from ..data.encoding import ReviewEncoding
-    from ..evaluation.inference import check_batch_size, load_inference_model, predict_probabilities
+    from ..evaluation.inference import (
+        check_batch_size,
+        load_inference_model,
+        predict_probabilities,
+        warn_if_model_changed,
+    )
     from ..training.runs import find_run_config
 
     # Every check before the model loads: a mistake costs a second, not an inference.
@@ -83,16 +88,27 @@ def predict(
             first = list(itertools.islice(batches, 1))
             batches = itertools.chain(first, batches)
         model, tokenizer = load_inference_model(model_dir)
+        # After the check: a model that does not work is refused in one line, with no warning before it.
+        warn_if_model_changed(model_dir, "its predictions")
         encoding = ReviewEncoding.from_fields(data_fields)
         label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
         bar = tqdm(desc="predict", unit=" reviews", dynamic_ncols=True, disable=None)
         column = None
         count = 0
+        empty_reviews: list[int] = []  # 1-based, in input order
         for batch in batches:
             column = column or text_column or _guess_text_column(batch, data_fields.get("text_column"), input_path)
             texts = _model_inputs(batch, column, data_fields.get("title_column"), data_fields.get("clean_text", True))
-            probabilities = predict_probabilities(model, tokenizer, texts, batch_size, encoding)
-            output.write([_result(row, probs, label_names) for row, probs in zip(batch, probabilities)])
+            # An empty review is not scored: training drops such rows and stdin skips blank lines.
+            empty_reviews += [count + index + 1 for index, text in enumerate(texts) if not text]
+            nonempty = [text for text in texts if text]
+            answers = iter(predict_probabilities(model, tokenizer, nonempty, batch_size, encoding) if nonempty else [])
+            output.write(
+                [
+                    _result(row, next(answers), label_names) if text else _no_result(row, label_names)
+                    for row, text in zip(batch, texts)
+                ]
+            )
             count += len(batch)
             bar.update(len(batch))
         bar.close()
@@ -100,6 +116,13 @@ def predict(
             raise FinetuneError("no reviews on stdin; pipe one review per line or pass --input FILE")
         if count == 0:
             raise FinetuneError(f"{input_path} has no rows; give it at least one review")
+    if empty_reviews:
+        shown = ", ".join(map(str, empty_reviews[:10])) + (", ..." if len(empty_reviews) > 10 else "")
+        print(
+            f"note: {len(empty_reviews)} of {count} reviews are empty (review {shown}) and got an empty label, "
+            "as training drops empty reviews",
+            file=sys.stderr,
+        )
     if output_path:
         print(f"wrote {count} predictions to {output_path}", file=sys.stderr)
     return count
@@ -132,6 +155,11 @@ def _result(row: dict[str, Any], probs: Any, label_names: list[str]) -> dict[str
     result = {**row, "label": label_names[best], "probability": round(float(probs[best]), 6)}
     result.update({f"prob_{name}": round(float(p), 6) for name, p in zip(label_names, probs)})
     return result
+
+
+def _no_result(row: dict[str, Any], label_names: list[str]) -> dict[str, Any]:
+    """The columns of a result, empty: for a review with no text, which no label describes."""
+    return {**row, "label": "", "probability": None, **{f"prob_{name}": None for name in label_names}}
 
 
 # ------------------------------------------------------------------ reading
@@ -200,7 +228,8 @@ def _open_rows(input_path: str | None) -> tuple[_Rows, str]:
         handle = path.open(newline="", encoding="utf-8-sig")
         delimiter = "\t" if suffix == ".tsv" else ","
         return _Rows(_csv_rows(handle, input_path, delimiter), handle, False), suffix.lstrip(".")
-    handle = path.open(encoding="utf-8")
+    # utf-8-sig: a byte-order mark (Windows editors write one) is read past, as for CSV and TSV.
+    handle = path.open(encoding="utf-8-sig")
     return _Rows(_jsonl_rows(handle, input_path), handle, False), "jsonl"
 
 
@@ -302,7 +331,10 @@ def _guess_text_column(rows: list[dict[str, Any]], recipe_column: str | None, in
 
 
 def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | None, clean: bool) -> list[str]:
-    """Each row's text cleaned and joined to its title as in training, so the model sees what it learned from."""
+    """Each row's text cleaned and joined to its title as in training, so the model sees what it learned from.
+
+    A row whose text is empty (after cleaning) gives ``""`` even with a title, as training drops it.
+    """
     from ..data.cleaning import clean_texts
     from ..data.splits import join_title
 
@@ -312,7 +344,7 @@ def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | N
     titles = [str(row.get(title_column) or "") if title_column else "" for row in rows]
     if clean:
         bodies, titles = clean_texts(bodies), clean_texts(titles)
-    return [join_title(title.strip(), body.strip()) for title, body in zip(titles, bodies)]
+    return [join_title(title.strip(), body.strip()) if body.strip() else "" for title, body in zip(titles, bodies)]
 
 
 # ------------------------------------------------------------------ writing

@@ -32,7 +32,8 @@ def train(
     the run a student of a teacher run: ``finetune distill``.
     """
     from ..config.recipes import load_recipe
-    from ..training.modeling import check_base_model, check_classifier_head
+    from ..training.model_check import check_model_folder
+    from ..training.modeling import check_base_model, check_classifier_head, load_tokenizer
     from ..training.runs import check_base_model_kept, check_output_dir, holds_run, output_dir_lock
 
     # Arguments: recipe, then flags. Everything that can be checked is checked before anything is
@@ -52,6 +53,9 @@ def train(
     with output_dir_lock(args.output_dir) if main_process else contextlib.nullcontext():
         resume = _checked_resume_point(args, run.data)
         check_base_model(run.model, run.data.max_length)
+        if resume is not None:
+            # Trainer loads a checkpoint's weights leniently: a missing head or layer would go on at random.
+            check_model_folder(resume, tokenizer=load_tokenizer(run.model, run.data.truncation_side))
         if run.data.class_names:  # given by the recipe (or its label_bins): checked before any data is read
             check_classifier_head(run.model, len(run.data.class_names))
         # Every process has checked the folder and the checkpoint before the main one changes anything.
@@ -81,7 +85,7 @@ def _train_checked(
     from ..training.distillation import DistillationTrainer
     from ..training.interrupt import StopOnSignal
     from ..training.modeling import check_classifier_head, load_classifier, load_tokenizer
-    from ..training.runs import clear_earlier_run, save_run_config
+    from ..training.runs import clear_earlier_run, record_model_fingerprint, save_run_config
     from ..training.trainer import ReviewTrainer
 
     args = run.training
@@ -143,6 +147,7 @@ def _train_checked(
             command,
             data_report=data.report.to_dict(),
             class_weights=None if trainer.class_weights is None else trainer.class_weights.tolist(),
+            class_names=label_names,
             extra=distillation.record(args.distill_alpha, args.distill_temperature) if distillation else None,
         )
 
@@ -173,6 +178,9 @@ def _train_checked(
 
     # Save: a standard model folder (config with id2label, safetensors, tokenizer), written whole or not at all.
     trainer.save_final_model()
+    if trainer.is_world_process_zero():
+        # What evaluate and predict compare the folder's model with, to say when it is no longer this one.
+        record_model_fingerprint(args.output_dir)
     trainer.save_state()
     metrics: dict[str, Any] = {**result.metrics, "train_wall_seconds": train_seconds}
     trainer.save_metrics("train", metrics)

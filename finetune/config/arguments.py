@@ -199,6 +199,13 @@ class DataArguments:
     )
 
     def __post_init__(self) -> None:
+        for option, holding, example in (("text_column", "texts", "review"), ("title_column", "titles", "title")):
+            if getattr(self, option) == self.label_column:
+                # The model would read the answer it is to predict, and score as if it had learned something.
+                raise FinetuneError(
+                    f"{option} and label_column are both '{self.label_column}', so the model would read the label "
+                    f"it is to predict; set {option} to the column of the review {holding} (e.g. --{option} {example})"
+                )
         self.label_bins = parse_label_bins(self.label_bins)
         if self.label_bins is not None:
             if self.class_names is not None and list(self.class_names) != list(self.label_bins):

@@ -36,6 +36,8 @@ CONVERSION_RULES = 2
 _A_LABEL = "a label must be one number or word, e.g. 5 or positive"
 _A_REVIEW = "a review must be text"
 _A_TITLE = "a title must be text"
+# How many values of a text column of strings are looked at to tell one that holds only numbers.
+_NUMERIC_TEXT_SAMPLE = 1000
 
 
 @dataclass
@@ -99,6 +101,7 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
     for split, table in tables.items():
         _check_columns(table, raw.origins[split], data_args)
         _refuse_nested_values(table, raw, split, data_args)
+    _warn_numeric_text(tables["train"], raw.origins["train"], data_args.text_column)
 
     label_names = resolve_label_names(tables["train"], raw.origins["train"], data_args)
     report = DataReport(source=raw.description)
@@ -247,6 +250,36 @@ def _check_columns(table: datasets.Dataset, origin: str, data_args: DataArgument
                 else f"set {option} in the recipe or pass --{option} NAME"
             )
             raise FinetuneError(f"{origin} has no column '{column}' (columns: {', '.join(table.column_names)}); {fix}")
+
+
+def _warn_numeric_text(table: datasets.Dataset, origin: str, column: str) -> None:
+    """Warn when the text column holds nothing but numbers: likely a rating or an id column, not the reviews.
+
+    A string column is judged by its first ``_NUMERIC_TEXT_SAMPLE`` non-empty values, so a big set costs no pass.
+    """
+    feature = table.features[column]
+    if not isinstance(feature, datasets.Value):
+        return
+    if feature.dtype.startswith(("int", "uint", "float")):
+        numeric = len(table) > 0
+    else:
+        values = [str(value).strip() for value in table.select(range(min(len(table), _NUMERIC_TEXT_SAMPLE)))[column]]
+        values = [value for value in values if value]
+        numeric = bool(values) and all(_is_number(value) for value in values)
+    if numeric:
+        print(
+            f"warning: text_column '{column}' of {origin} holds only numbers, not review text; "
+            "check that text_column names the column of the reviews",
+            file=sys.stderr,
+        )
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _refuse_nested_values(table: datasets.Dataset, raw: RawSplits, split: str, data_args: DataArguments) -> None:

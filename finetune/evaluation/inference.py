@@ -50,38 +50,48 @@ def require_inference_folder(model_dir: Path) -> None:
 def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]:
     """The classifier in ``model_dir`` (PyTorch, or OpenVINO / ONNX Runtime for an int8 export) and its tokenizer.
 
-    An int8 export made with ``--fp32_fallback`` comes wrapped with its fp32 model (:mod:`.fallback`).
+    A PyTorch model is loaded by :func:`~finetune.training.model_check.check_model_folder`, so one
+    whose weights do not fit its config, whose classes are not the run's or whose answers are not
+    numbers is refused in one line. An int8 export made with ``--fp32_fallback`` comes wrapped with
+    its fp32 model (:mod:`.fallback`).
     """
     from transformers import AutoTokenizer
 
     from ..training.checkpointing import require_vocabulary
+    from ..training.model_check import check_model_config, check_model_folder
 
     require_inference_folder(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     require_vocabulary(tokenizer, model_dir)
     if not is_exported_folder(model_dir):
-        return _load_pytorch_classifier(model_dir), tokenizer
+        return check_model_folder(model_dir, tokenizer=tokenizer), tokenizer
+    check_model_config(model_dir)
     int8 = OpenVinoClassifier(model_dir) if is_openvino_folder(model_dir) else OnnxClassifier(model_dir)
     fallback = read_fallback(model_dir)
     if fallback is None:
         return int8, tokenizer
     fp32_dir, margin = fallback
-    return Int8WithFallback(int8, _load_pytorch_classifier(fp32_dir).eval(), margin), tokenizer
+    return Int8WithFallback(int8, check_model_folder(fp32_dir, tokenizer=tokenizer), margin), tokenizer
 
 
-def _load_pytorch_classifier(folder: Path) -> PreTrainedModel:
-    """The PyTorch classifier saved in ``folder`` (safetensors only), loaded without a progress bar."""
-    from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
+def warn_if_model_changed(model_dir: Path, what: str) -> None:
+    """Print a warning when the run's model files are not those training saved (``finetune_run.json``'s fingerprint).
 
-    # The "Loading weights" bar would interleave with predictions and error lines on stderr.
-    showing_bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        return AutoModelForSequenceClassification.from_pretrained(folder, use_safetensors=True)
-    finally:
-        if showing_bars:
-            hf_logging.enable_progress_bar()
+    ``what`` is what the command makes of the model (``"the scores"``, ``"the predictions"``).
+    """
+    import sys
+
+    from ..training.runs import changed_model_files
+
+    if is_exported_folder(model_dir):
+        return  # its finetune_run.json is a copy of the run's: the fingerprint is of the fp32 files
+    changed = changed_model_files(model_dir)
+    if changed:
+        print(
+            f"warning: {', '.join(changed)} in {model_dir} changed since training saved them (other bytes than "
+            f"finetune_run.json records); {what} are from the files as they are now",
+            file=sys.stderr,
+        )
 
 
 def predict_probabilities(

@@ -30,6 +30,8 @@ RUN_CONFIG = "finetune_run.json"
 LOCK_FILE = ".finetune.lock"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # Files whose presence means a folder already holds a run worth keeping.
+# The files of a saved model whose SHA-256 finetune_run.json records (model_sha256).
+MODEL_FINGERPRINT_FILES = ("model.safetensors", "config.json")
 _RUN_MARKERS = ("config.json", "model.safetensors", "trainer_state.json", RUN_CONFIG, "all_results.json")
 
 
@@ -244,10 +246,12 @@ def save_run_config(
     command: list[str],
     data_report: dict[str, Any] | None = None,
     class_weights: list[float] | None = None,
+    class_names: list[str] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> None:
     """Write what is needed to evaluate, predict with or reproduce the run, and what its data held.
 
+    ``class_names`` (in class-id order) is what a model folder's ``id2label`` is checked against;
     ``extra`` adds entries (a distilled run's teacher, say).
     """
     folder = Path(output_dir)
@@ -263,6 +267,7 @@ def save_run_config(
         "seed": recipe.training.seed,
         "data_report": data_report,
         "class_weights": class_weights,
+        "class_names": class_names,
         **(extra or {}),
     }
     write_output_text(folder / RUN_CONFIG, json.dumps(config, indent=2, default=str) + "\n")
@@ -311,6 +316,56 @@ def changed_data_files(run_config: dict[str, Any], data: Any) -> list[str]:
     new = [path for path, digest in current.items() if digest not in recorded.values()]
     gone = [path for path, digest in recorded.items() if digest not in current.values()]
     return sorted({Path(path).name for path in new + gone})
+
+
+def recorded_class_names(run_config: dict[str, Any]) -> list[str] | None:
+    """The class names in id order as a run recorded them, or None for no run (or a record without them).
+
+    A record from before ``class_names`` was kept still has them as the keys of its train class counts.
+    """
+    names = run_config.get("class_names")
+    if names is None:
+        names = list(((run_config.get("data_report") or {}).get("class_counts") or {}).get("train") or []) or None
+    return list(names) if names else None
+
+
+def record_model_fingerprint(model_dir: str | Path) -> None:
+    """Add the SHA-256 of the model's files (``MODEL_FINGERPRINT_FILES``) to the folder's ``finetune_run.json``.
+
+    Called where the final model is saved (and where ``evaluate --calibrate`` rescales it), so that
+    evaluate and predict can tell a model that is no longer the one saved.
+    """
+    folder = Path(model_dir)
+    path = folder / RUN_CONFIG
+    if not path.is_file():
+        return
+    config = read_json_object(path, "restore it from a copy of the run, or train the run again")
+    config["model_sha256"] = {
+        name: _sha256(folder / name) for name in MODEL_FINGERPRINT_FILES if (folder / name).is_file()
+    }
+    # Its time is when the run began: 'finetune train --seeds' takes a report older than it for an unfinished run.
+    began = path.stat()
+    write_output_text(path, json.dumps(config, indent=2, default=str) + "\n")
+    os.utime(path, ns=(began.st_atime_ns, began.st_mtime_ns))
+
+
+def changed_model_files(model_dir: Path) -> list[str]:
+    """The model files in ``model_dir`` whose bytes differ from what training saved there (by the fingerprint).
+
+    Empty for a checkpoint (the fingerprint is the final model's), a folder that is no run, and a run
+    recorded before fingerprints were kept.
+    """
+    path = model_dir / RUN_CONFIG
+    if not path.is_file():
+        return []
+    recorded = read_json_object(path, "restore it from a copy of the run, or train the run again").get("model_sha256")
+    if not isinstance(recorded, dict):
+        return []
+    return [
+        name
+        for name, digest in recorded.items()
+        if not (model_dir / name).is_file() or _sha256(model_dir / name) != digest
+    ]
 
 
 def _sha256(path: Path) -> str:
