@@ -188,6 +188,15 @@ class DataArguments:
     max_test_samples: int | None = field(
         default=None, metadata={"help": "Test on a seeded random subset of this many reviews."}
     )
+    title_as_review: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Also train on each training review's title alone, with the review's label: a short review, so "
+                "the model learns to read one-liners (validation and test are unchanged); needs title_column."
+            )
+        },
+    )
     unlabeled_file: str | None = field(
         default=None,
         metadata={
@@ -245,6 +254,11 @@ class DataArguments:
                 raise FinetuneError(
                     f"cross_validation_fold must be between 0 and {folds - 1} (got {fold}) for {folds} folds"
                 )
+        if self.title_as_review and not self.title_column:
+            raise FinetuneError(
+                "title_as_review trains on each review's title, and no title_column is set; set title_column, "
+                "or drop title_as_review"
+            )
         for name in ("max_train_samples", "max_eval_samples", "max_test_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -30,8 +30,8 @@ EMPTY_TEXT = "empty text"
 MISSING_LABEL = "missing label"
 OUTSIDE_BINS = "label outside label_bins"
 DROP_REASONS = (EMPTY_TEXT, MISSING_LABEL, OUTSIDE_BINS)
-# The version of the rules that turn a raw row into text and label (2: text labels trimmed).
-CONVERSION_RULES = 2
+# The version of the rules that turn a raw row into text and label (2: text labels trimmed; 3: titles kept).
+CONVERSION_RULES = 3
 # What a cell of each column must hold, for the message about a list or mapping (JSON) in one.
 _A_LABEL = "a label must be one number or word, e.g. 5 or positive"
 _A_REVIEW = "a review must be text"
@@ -53,6 +53,7 @@ class DataReport:
     truncated_share: dict[str, float] = field(default_factory=dict)
     max_length: int | None = None
     truncation_side: str | None = None
+    title_reviews: int = 0  # training titles added as short reviews (title_as_review)
 
     def count_truncated(self, truncated: dict[str, int], encoding: ReviewEncoding) -> None:
         """Record how many reviews of each split were longer than ``max_length`` and how they were cut."""
@@ -73,6 +74,8 @@ class DataReport:
                 f"  {split}: read {count} rows, dropped {sum(dropped.values())}" + (f" ({detail})" if detail else "")
             )
         lines.append("  rows: " + ", ".join(f"{split} {count}" for split, count in self.rows.items()))
+        if self.title_reviews:
+            lines.append(f"  train also reads {self.title_reviews} review titles alone, as short reviews")
         if self.truncated_share:
             shares = ", ".join(
                 f"{split} {self.truncated.get(split, 0)} ({share:.1%})" for split, share in self.truncated_share.items()
@@ -123,6 +126,10 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
     if "validation" not in splits and data_args.validation_split_percentage:
         held_out = round(source_train_rows * data_args.validation_split_percentage / 100)
         splits = _hold_out(splits, "validation", held_out, label_names, seed)
+    if data_args.title_as_review:
+        # Last, so that only training reviews lend their titles: no held-out review's title trains.
+        splits["train"], report.title_reviews = _with_titles_as_reviews(splits["train"])
+    splits = splits.remove_columns("title")
     report.rows = {split: len(rows) for split, rows in splits.items()}
     report.class_counts = {
         split: dict(zip(label_names, _class_counts(rows, len(label_names)))) for split, rows in splits.items()
@@ -157,7 +164,7 @@ def load_labelled_file(path: Path, data_args: DataArguments, label_names: list[s
     if any(dropped.values()):
         counts = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n)
         print(f"{path}: dropped {sum(dropped.values())} rows ({counts})", file=sys.stderr)
-    return rows
+    return rows.remove_columns("title")
 
 
 def resolve_label_names(train: datasets.Dataset, origin: str, data_args: DataArguments) -> list[str]:
@@ -321,6 +328,7 @@ def _to_text_and_labels(
             # ClassLabel stores -1 as "no label", which is what a dropped row carries.
             "labels": datasets.ClassLabel(names=label_names),
             "problem": datasets.Value("string"),
+            "title": datasets.Value("string"),
         }
     )
     with progress_bars(len(table) >= ROWS_WORTH_A_BAR):
@@ -384,7 +392,7 @@ class _RowConverter:
         if self.clean:
             texts = clean_texts(texts)
             titles = clean_texts(titles) if titles is not None else None
-        out: dict[str, list] = {"text": [], "labels": [], "problem": []}
+        out: dict[str, list] = {"text": [], "labels": [], "problem": [], "title": []}
         for position, (text, raw_label) in enumerate(zip(texts, batch[self.label_column])):
             text = text.strip()
             title = titles[position].strip() if titles is not None else ""
@@ -394,6 +402,7 @@ class _RowConverter:
             out["text"].append(join_title(title, text) if text else text)
             out["labels"].append(label)
             out["problem"].append(problem)
+            out["title"].append(title)
         return out
 
     def _label(self, raw_label: object, index: int) -> tuple[int, str]:
@@ -448,6 +457,15 @@ def _boolean_labels(where: str, column: str) -> str:
         f"{where}: the labels in '{column}' are true/false, which are neither ratings nor class names; "
         "write them as class names (e.g. negative/positive) or class ids 0/1"
     )
+
+
+def _with_titles_as_reviews(train: datasets.Dataset) -> tuple[datasets.Dataset, int]:
+    """``train`` plus one row per non-empty title: the title alone, with its review's label."""
+    titled = train.filter(lambda row: bool(row["title"]), desc="Titles as short reviews")
+    if len(titled) == 0:
+        return train, 0
+    titles = titled.map(lambda row: {"text": row["title"], "title": ""}, desc="Titles as short reviews")
+    return datasets.concatenate_datasets([train, titles]), len(titles)
 
 
 def join_title(title: str, text: str) -> str:

@@ -1,0 +1,70 @@
+"""Short reviews: titles as training one-liners (title_as_review), and the one-liner check set kept apart."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from finetune.config.arguments import DataArguments
+from finetune.data.splits import load_review_data
+from finetune.errors import FinetuneError
+
+PROJECT = Path(__file__).parent.parent
+REVIEWS = PROJECT / "data" / "reviews"
+QUICKSTART_DATA = dict(
+    dataset_dir=str(REVIEWS),
+    text_column="review",
+    title_column="title",
+    label_column="stars",
+    label_bins={"negative": [1, 2], "neutral": [3], "positive": [4, 5]},
+)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_titles_train_as_short_reviews_with_their_reviews_label():
+    plain = load_review_data(DataArguments(**QUICKSTART_DATA))
+    data = load_review_data(DataArguments(**QUICKSTART_DATA, title_as_review=True))
+    train_rows = _rows(REVIEWS / "train.csv")
+    titled = [row for row in train_rows if row["title"].strip()]
+    assert data.report.title_reviews == len(titled) > 0
+    assert len(data.splits["train"]) == len(plain.splits["train"]) + len(titled)
+    # Held-out splits are untouched: no title of theirs trains, none is added to them.
+    for split in ("validation", "test"):
+        assert data.splits[split]["text"] == plain.splits[split]["text"]
+    # Each title row carries its review's class ("Fell apart", 1 star: negative).
+    added = dict(
+        zip(
+            data.splits["train"]["text"][len(plain.splits["train"]) :],
+            data.splits["train"]["labels"][len(plain.splits["train"]) :],
+        )
+    )
+    names = data.label_names
+    for row in titled:
+        stars = int(row["stars"])
+        expected = "negative" if stars <= 2 else "neutral" if stars == 3 else "positive"
+        assert names[added[row["title"].strip()]] == expected
+    assert "title" not in data.splits["train"].column_names
+
+
+def test_title_as_review_needs_a_title_column():
+    with pytest.raises(FinetuneError, match="title_as_review trains on each review's title, and no title_column"):
+        DataArguments(**{**QUICKSTART_DATA, "title_column": None}, title_as_review=True)
+
+
+def test_the_one_liner_check_set_is_kept_apart_from_the_training_data():
+    """No check review is a review or title of the project's data, nor of the dev set used to choose settings."""
+    check = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / "check.csv")}
+    dev = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / "dev.csv")}
+    seen = set(dev)
+    for split in ("train", "validation", "test"):
+        for row in _rows(REVIEWS / f"{split}.csv"):
+            seen |= {row["review"].strip().lower(), row["title"].strip().lower()}
+    assert len(check) == 40 and not check & seen
+    labels = [row["label"] for row in _rows(PROJECT / "data" / "one_liners" / "check.csv")]
+    assert labels.count("positive") == labels.count("negative") == 20
