@@ -36,10 +36,15 @@ from .errors import FinetuneError, TrainingInterrupted
 
 
 def _train(options: argparse.Namespace, extra: list[str]) -> None:
-    if options.recipe in ("-h", "--help") or "-h" in extra or "--help" in extra:
+    # The recipe is the first word that is not a flag; without one, the flags name the data
+    # (argparse would take the first flag's value, "reviews.csv" in "--train_file reviews.csv", as it).
+    recipe = extra[0] if extra and not extra[0].startswith("-") else None
+    extra = extra[1:] if recipe is not None else extra
+    if "-h" in extra or "--help" in extra:
         from .config.recipes import build_parser
 
-        print("usage: finetune train RECIPE [--seeds N | --folds K] [--field value ...]\n")
+        print("usage: finetune train RECIPE [--seeds N | --folds K] [--field value ...]")
+        print("       finetune train --train_file FILE --text_column TEXT --label_column LABEL [--field value ...]\n")
         print("  --seeds N  train once per seed (seed, seed+1, ...) into OUTPUT_DIR/seed-<seed>;")
         print("             report the mean and standard deviation of the test scores")
         print("  --folds K  cross-validate on the train split: K runs into OUTPUT_DIR/fold-<k>, each scored on")
@@ -48,19 +53,24 @@ def _train(options: argparse.Namespace, extra: list[str]) -> None:
         return
     if options.seeds is not None and options.folds is not None:
         raise FinetuneError("--seeds and --folds cannot be combined; cross-validate with --folds, then --seeds")
+    from .commands.own_reviews import flags_without_recipe, needs_no_recipe, refuse_data_file_as_recipe
+
+    refuse_data_file_as_recipe(recipe)
+    if needs_no_recipe(recipe, extra):
+        extra = flags_without_recipe(extra)
     if options.seeds is not None:
         from .commands.seeds import train_seeds
 
-        train_seeds(options.recipe, extra, options.seeds)
+        train_seeds(recipe, extra, options.seeds)
         return
     if options.folds is not None:
         from .commands.folds import train_folds
 
-        train_folds(options.recipe, extra, options.folds)
+        train_folds(recipe, extra, options.folds)
         return
     from .commands.train import train
 
-    train(options.recipe, extra)
+    train(recipe, extra)
 
 
 def _distill(options: argparse.Namespace, extra: list[str]) -> None:
@@ -247,7 +257,6 @@ def build_cli() -> argparse.ArgumentParser:
         help="train from a recipe; any recipe field can be overridden with --field value",
         add_help=False,
     )
-    train.add_argument("recipe", nargs="?", help="a recipe YAML file, e.g. recipes/quickstart.yaml")
     train.add_argument("--seeds", type=positive_int, help="train once per seed and report mean and standard deviation")
     train.add_argument(
         "--folds", type=positive_int, help="cross-validate on the train split in K folds (the test split is not used)"

@@ -141,6 +141,12 @@ def _train_checked(
             return
         if args.overwrite_output_dir and resume is None:
             clear_earlier_run(args.output_dir)
+        if recipe is None and overrides:
+            # Trained from flags alone: the recipe that reproduces it, ready to edit.
+            from ..config.output_files import write_output_text
+            from .own_reviews import recipe_text
+
+            write_output_text(Path(args.output_dir, "recipe.yaml"), recipe_text(list(overrides)))
         save_run_config(
             args.output_dir,
             run,

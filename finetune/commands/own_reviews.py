@@ -1,0 +1,171 @@
+"""``finetune train --train_file reviews.csv --text_column review --label_column stars``: no recipe needed.
+
+A first run on one's own file should not start with writing YAML. Without a
+recipe, the flags name the data and this module fills in the rest with the
+settings measured on reviews (those of ``recipes/quickstart.yaml``, fewer
+epochs), holds validation and test reviews out of the file (stratified,
+seeded), and prints what it decided with the recipe that reproduces it; the
+run writes that recipe to ``OUTPUT_DIR/recipe.yaml``, so a first run becomes
+a recipe to edit. Flags given always win over these defaults.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import FinetuneError
+
+# Flags that name where the reviews come from: with one of them, no recipe is needed.
+DATA_SOURCE_FLAGS = ("train_file", "dataset_dir", "dataset_name")
+DATA_FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json")
+
+# The quickstart recipe's settings (chosen on reviews, see recipes/quickstart.yaml), with 4 epochs
+# rather than 8: a user's file is usually larger than the quickstart's 458 training reviews.
+DEFAULTS: dict[str, str] = {
+    "test_split_percentage": "10",
+    "validation_split_percentage": "10",
+    "per_device_train_batch_size": "8",
+    "per_device_eval_batch_size": "32",
+    "gradient_accumulation_steps": "2",
+    "num_train_epochs": "4",
+    "learning_rate": "8e-5",
+    "warmup_steps": "0.1",
+    "weight_decay": "0.01",
+    "lr_scheduler_type": "linear",
+    "class_weighting": "sqrt",
+    "train_sampling_strategy": "group_by_length",
+    "eval_strategy": "epoch",
+    "save_strategy": "epoch",
+    "save_total_limit": "2",
+    "load_best_model_at_end": "true",
+    "metric_for_best_model": "macro_f1",
+    "logging_steps": "5",
+    "report_to": "none",
+}
+# A rating column the numbers of which are a scale of stars or points.
+RATING_SCALES = ((1, 5), (1, 10), (0, 5), (0, 10))
+
+
+def needs_no_recipe(recipe: str | None, flags: list[str]) -> bool:
+    """True when there is no recipe and the flags say where the reviews are."""
+    from ..config.recipes import flag_names
+
+    return recipe is None and bool(flag_names(flags) & set(DATA_SOURCE_FLAGS))
+
+
+def refuse_data_file_as_recipe(recipe: str | None) -> None:
+    """A data file passed where the recipe goes gets the command that trains on it."""
+    if recipe is not None and Path(recipe).suffix.lower() in DATA_FILE_SUFFIXES:
+        raise FinetuneError(
+            f"{recipe} is a data file, not a recipe; train on it with: finetune train --train_file {recipe} "
+            "--text_column TEXT --label_column LABEL"
+        )
+
+
+def flags_without_recipe(flags: list[str]) -> list[str]:
+    """``flags`` plus a default for every setting they leave open; prints what was decided and the recipe."""
+    from ..config.recipes import flag_names
+
+    given = flag_names(flags)
+    added: dict[str, str] = {key: value for key, value in DEFAULTS.items() if key not in given}
+    if "output_dir" not in given:
+        added["output_dir"] = f"runs/{_run_name(flags)}"
+    notes = []
+    if not given & {"label_bins", "class_names"}:
+        ratings = _rating_values(flags)
+        if ratings is not None:
+            # One class per rating keeps what the file says; the note offers the usual grouping.
+            added["label_bins"] = ",".join(f"{value}={value}" for value in ratings)
+            notes.append(_label_bins_suggestion(ratings))
+    decided = [*flags, *(token for key, value in added.items() for token in (f"--{key}", value))]
+    _print_decisions(decided, added, notes)
+    return decided
+
+
+def recipe_text(flags: list[str]) -> str:
+    """The YAML recipe that ``flags`` amount to, with the command that trains it in its opening comment."""
+    pairs = _pairs(flags)
+    lines = [
+        "# Made by 'finetune train' from flags (no recipe was given). Train it again, or edit it first:",
+        "#   finetune train recipe.yaml",
+        *(f"{key}: {value}" for key, value in pairs),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _pairs(flags: list[str]) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    index = 0
+    while index < len(flags):
+        name, _, inline = flags[index][2:].partition("=")
+        if inline:
+            pairs.append((name, inline))
+            index += 1
+        elif index + 1 < len(flags) and not flags[index + 1].startswith("--"):
+            pairs.append((name, flags[index + 1]))
+            index += 2
+        else:
+            pairs.append((name, "true"))
+            index += 1
+    return pairs
+
+
+def _value(flags: list[str], name: str) -> str | None:
+    return dict(_pairs(flags)).get(name)
+
+
+def _run_name(flags: list[str]) -> str:
+    source = _value(flags, "train_file") or _value(flags, "dataset_dir") or _value(flags, "dataset_name") or "reviews"
+    path = Path(source)
+    return (path.stem if path.suffix else path.name) or "reviews"
+
+
+def _rating_values(flags: list[str]) -> list[int] | None:
+    """The ratings of a train file's label column when they are whole numbers on a 5- or 10-point scale."""
+    from ..data.sources import read_table
+
+    train_file, column = _value(flags, "train_file"), _value(flags, "label_column") or "label"
+    if not train_file or not Path(train_file).is_file() or Path(train_file).suffix.lower() not in DATA_FILE_SUFFIXES:
+        return None  # reading the data says what is wrong with it
+    try:
+        table = read_table(Path(train_file))
+    except FinetuneError:
+        return None
+    if column not in table.column_names:
+        return None
+    values = {value for value in table[column] if value is not None and str(value).strip() != ""}
+    try:
+        numbers = {float(value) for value in values}
+    except (TypeError, ValueError):
+        return None
+    if not numbers or any(not number.is_integer() for number in numbers):
+        return None
+    ratings = sorted(int(number) for number in numbers)
+    if ratings == list(range(len(ratings))) and ratings[0] == 0 and len(ratings) < 3:
+        return None  # 0 / 1 labels are class ids already
+    fits_a_scale = any(low <= ratings[0] and ratings[-1] <= high for low, high in RATING_SCALES)
+    return ratings if fits_a_scale and len(ratings) >= 3 else None
+
+
+def _label_bins_suggestion(ratings: list[int]) -> str:
+    top = max(ratings)
+    bins = "negative=1-2,neutral=3,positive=4-5" if top <= 5 else "negative=1-4,neutral=5-6,positive=7-10"
+    return (
+        f"the label column holds ratings {ratings[0]} to {top}: one class per rating here; to train "
+        f"negative / neutral / positive instead, pass --label_bins '{bins}'"
+    )
+
+
+def _print_decisions(flags: list[str], added: dict[str, Any], notes: list[str]) -> None:
+    shown = ", ".join(f"{key} {value}" for key, value in added.items() if key != "label_bins")
+    print("no recipe given: training from the flags, with these settings decided for you", file=sys.stderr)
+    print(f"  model: the packaged MiniLM unless --model_name_or_path; {shown}", file=sys.stderr)
+    if "label_bins" in added:
+        print(f"  label_bins: {added['label_bins']}", file=sys.stderr)
+    for note in notes:
+        print(f"  note: {note}", file=sys.stderr)
+    print("  the recipe that reproduces this run (written to the run folder as recipe.yaml):", file=sys.stderr)
+    for line in recipe_text(flags).splitlines()[2:]:
+        print(f"    {line}", file=sys.stderr)

@@ -1,0 +1,66 @@
+"""Your own reviews in one command: ``finetune train --train_file FILE --text_column T --label_column L``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from finetune.cli import main
+from finetune.config.recipes import load_recipe
+
+PROJECT = Path(__file__).parent.parent
+TRAIN = PROJECT / "data" / "reviews" / "train.csv"
+
+
+@pytest.fixture(scope="module")
+def own_run(tmp_path_factory, tiny_model_dir):
+    folder = tmp_path_factory.mktemp("own") / "mine"
+    # The issue's line, with the tiny model and one quick epoch so the suite stays fast.
+    argv = ["train", "--train_file", str(TRAIN), "--text_column", "review", "--label_column", "stars"]
+    argv += ["--output_dir", str(folder), "--model_name_or_path", str(tiny_model_dir), "--max_length", "64"]
+    argv += ["--num_train_epochs", "1", "--use_cpu", "true", "--disable_tqdm", "true"]
+    argv += ["--ignore_mismatched_sizes", "true"]  # the tiny model's head has 3 classes, the stars 5
+    return folder, argv
+
+
+def test_trains_without_a_recipe_and_writes_the_recipe_that_reproduces_it(own_run, capsys):
+    folder, argv = own_run
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "no recipe given: training from the flags" in err
+    # 1-5 stars: one class per rating, and the usual grouping offered.
+    assert "the label column holds ratings 1 to 5" in err
+    assert "--label_bins 'negative=1-2,neutral=3,positive=4-5'" in err
+    run = json.loads((folder / "finetune_run.json").read_text())
+    assert run["class_names"] == ["1", "2", "3", "4", "5"]
+    # Validation and test drawn from the file (10% each of 458 reviews).
+    assert run["data_report"]["rows"] == {"train": 366, "test": 46, "validation": 46}
+    assert (folder / "test_report.json").is_file()
+
+    recipe = folder / "recipe.yaml"
+    assert recipe.read_text().startswith("# Made by 'finetune train' from flags")
+    again = load_recipe(str(recipe))
+    assert again.data.train_file == str(TRAIN) and again.data.label_column == "stars"
+    assert again.data.class_names == ["1", "2", "3", "4", "5"]
+    assert again.training.output_dir == str(folder) and again.training.num_train_epochs == 1
+    assert again.training.learning_rate == 8e-5 and again.training.class_weighting == "sqrt"
+
+
+def test_a_data_file_where_the_recipe_goes_names_the_command(capsys):
+    assert main(["train", str(TRAIN)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: {TRAIN} is a data file, not a recipe; train on it with: finetune train --train_file {TRAIN} "
+        "--text_column TEXT --label_column LABEL"
+    )
+
+
+def test_flags_given_win_over_the_defaults(tmp_path, capsys):
+    # A bad value of a defaulted field is the user's value, checked as always (nothing written).
+    argv = ["train", "--train_file", str(TRAIN), "--text_column", "review", "--label_column", "stars"]
+    argv += ["--output_dir", str(tmp_path / "out"), "--gradient_accumulation_steps", "0"]
+    assert main(argv) == 2
+    assert "gradient_accumulation_steps must be >= 1 (got 0)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
