@@ -3,6 +3,7 @@
 | subcommand | function |
 | --- | --- |
 | ``train RECIPE [--field value ...]`` | :func:`finetune.commands.train.train` |
+| ``train --train_file FILE --text_column T --label_column L`` | :mod:`finetune.commands.own_reviews`, then ``train`` |
 | ``train RECIPE --seeds N [--field value ...]`` | :func:`finetune.commands.seeds.train_seeds` |
 | ``train RECIPE --folds K [--field value ...]`` | :func:`finetune.commands.folds.train_folds` |
 | ``distill TEACHER_RUN RECIPE [--field value ...]`` | :func:`finetune.commands.distill.distill` |
