@@ -1,0 +1,113 @@
+"""Issue 35: outputs that cannot be corrupted, saves that survive SIGTERM, recipes that cannot exhaust memory.
+
+Each a bad-input case in the sense of tests/test_bad_input.py (one ``error:`` line naming the problem
+and the fix, exit status 2, or 143 / 130 for a signal; no traceback; no file of the user's lost):
+
+- outputs: two predicts to one --output (the second to finish is refused, the first's file kept);
+  --output ``-`` and ``/dev/stdout`` (standard output), a FIFO and ``/dev/null`` without --overwrite
+  (streamed into, not refused); predict piped into ``head`` (a quiet exit);
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from finetune.cli import main
+
+PROJECT = Path(__file__).parent.parent
+REVIEWS = "review\n" + "".join(f"great product number {index}\n" for index in range(3000))
+
+
+def finetune_process(*argv: str, **popen: object) -> subprocess.Popen:
+    """``python -m finetune ARGV`` as a child process, with this checkout on its path."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "finetune", *argv], env=env, text=True, **popen)
+
+
+def one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def test_two_predicts_to_one_output_keep_the_first_finished_file(tiny_model_dir, tmp_path):
+    # Both once wrote .out.csv.partial: the output held rows of both, and the later one ended in a traceback.
+    output = tmp_path / "out.csv"
+    (tmp_path / "b.csv").write_text("review\nawful\nfine\n", encoding="utf-8")
+    slow = finetune_process(
+        "predict", str(tiny_model_dir), "--output", str(output),
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    # It reads stdin, so it waits, its output open, until this test sends it reviews.
+    slow.stdin.write("great\n")
+    slow.stdin.flush()
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.csv*.partial")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fast = finetune_process(
+        "predict", str(tiny_model_dir), "--input", str(tmp_path / "b.csv"), "--output", str(output),
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _, fast_err = fast.communicate(timeout=120)
+    assert fast.returncode == 0, fast_err
+    finished = output.read_bytes()
+    assert finished.count(b"\n") == 3  # header and b.csv's two reviews
+
+    _, slow_err = slow.communicate("lovely\n", timeout=120)
+    assert slow.returncode == 2
+    assert one_error_line(slow_err) == (
+        f"error: {output} was written by another process while this one worked, and is kept; "
+        "choose another --output, or pass --overwrite to replace it"
+    )
+    assert output.read_bytes() == finished
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["b.csv", "out.csv"]  # no .partial left
+
+
+def test_output_dash_and_dev_stdout_are_standard_output(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    # /dev/stdout was refused as "already exists; pass --overwrite" (as root, advice to replace the device),
+    # and "-" was written as a file named "-".
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.csv").write_text("review\ngreat\nawful\n", encoding="utf-8")
+    for name in ("-", "/dev/stdout"):
+        assert main(["predict", str(tiny_model_dir), "--input", "in.csv", "--output", name]) == 0
+        captured = capsys.readouterr()
+        assert captured.out.splitlines()[0].startswith("review,label,probability")
+        assert len(captured.out.splitlines()) == 3
+        assert "wrote" not in captured.err and "overwrite" not in captured.err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.csv"]
+
+
+def test_fifo_and_character_device_outputs_are_streamed_without_overwrite(tiny_model_dir, tmp_path, capsys):
+    # Both were refused as "already exists; pass --overwrite to replace it": nothing there is replaced.
+    (tmp_path / "in.csv").write_text("review\ngreat\nawful\n", encoding="utf-8")
+    fifo = tmp_path / "stream.csv"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    assert main(["predict", str(tiny_model_dir), "--input", str(tmp_path / "in.csv"), "--output", str(fifo)]) == 0
+    streamed, _ = reader.communicate(timeout=30)
+    assert streamed.decode().splitlines()[0].startswith("review,label") and streamed.count(b"\n") == 3
+    assert fifo.is_fifo()
+    assert main(["predict", str(tiny_model_dir), "--input", str(tmp_path / "in.csv"), "--output", "/dev/null"]) == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "wrote 2 predictions to /dev/null"
+
+
+def test_predict_piped_into_head_exits_quietly(tiny_model_dir, tmp_path):
+    # A BrokenPipeError traceback, exit status 1.
+    (tmp_path / "big.csv").write_text(REVIEWS, encoding="utf-8")
+    process = finetune_process(
+        "predict", str(tiny_model_dir), "--input", str(tmp_path / "big.csv"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    head = [process.stdout.readline() for _ in range(2)]
+    process.stdout.close()  # as head does after its lines
+    _, err = process.communicate(timeout=120)
+    assert head[0].startswith("review,label")
+    assert process.returncode == 141, err  # 128 + SIGPIPE, as a shell reports a writer that head stopped
+    assert "Traceback" not in err and "Error" not in err, err
