@@ -6,15 +6,22 @@ and the fix, exit status 2, or 143 / 130 for a signal; no traceback; no file of 
 - outputs: two predicts to one --output (the second to finish is refused, the first's file kept);
   --output ``-`` and ``/dev/stdout`` (standard output), a FIFO and ``/dev/null`` without --overwrite
   (streamed into, not refused); predict piped into ``head`` (a quiet exit);
+- signals: SIGTERM or SIGINT during the final save with save_strategy: no (the save finishes, a
+  checkpoint of the last update is saved, exit 143 / 130 with the resume command, and the resume ends the run);
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
+from helpers import tiny_recipe
 
 from finetune.cli import main
 
@@ -111,3 +118,58 @@ def test_predict_piped_into_head_exits_quietly(tiny_model_dir, tmp_path):
     assert head[0].startswith("review,label")
     assert process.returncode == 141, err  # 128 + SIGPIPE, as a shell reports a writer that head stopped
     assert "Traceback" not in err and "Error" not in err, err
+
+
+# --------------------------------------------------------------------------- signals
+
+# A run whose final save is interrupted: the signal is sent from inside the save, once
+# .final-model.partial exists, which no timing from outside could hit every time.
+_SIGNAL_DURING_FINAL_SAVE = """
+import os, sys
+from finetune.cli import main
+from finetune.training.trainer import ReviewTrainer
+
+save_model = ReviewTrainer.save_model
+
+def save_model_then_signal(self, output_dir=None, _internal_call=False):
+    if output_dir is not None and output_dir.endswith(".final-model.partial"):
+        os.kill(os.getpid(), int(sys.argv[2]))
+    return save_model(self, output_dir, _internal_call)
+
+ReviewTrainer.save_model = save_model_then_signal
+sys.exit(main(["train", sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_during_the_final_save_lets_it_finish_and_the_run_resumes(tmp_path, tiny_model_dir, signum, status):
+    # SIGTERM killed the process at once (no message), leaving .final-model.partial and the lock, and with
+    # save_strategy: no not one checkpoint, so --resume_from_checkpoint auto started over.
+    run_dir = tmp_path / "run"
+    recipe = tiny_recipe(
+        tmp_path, tiny_model_dir, run_dir,
+        max_steps=3, per_device_train_batch_size=4, eval_strategy="no", save_strategy="no",
+        load_best_model_at_end="false", baseline="false",
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
+    stopped = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_DURING_FINAL_SAVE, str(recipe), str(int(signum))],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert stopped.returncode == status, stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"stopped by {signum.name} at update 3 (epoch 0.05), after the last update; the final model is saved "
+        f"whole; checkpoint saved in {run_dir / 'checkpoint-3'}; "
+        f"resume with: finetune train {recipe} --resume_from_checkpoint auto"
+    )
+    assert (run_dir / "model.safetensors").is_file() and (run_dir / "checkpoint-3" / "model.safetensors").is_file()
+    assert not (run_dir / ".final-model.partial").exists() and not (run_dir / ".finetune.lock").exists()
+    if signum == signal.SIGINT:
+        return  # one resume is enough to show the checkpoint is the run's
+    resumed = finetune_process("train", str(recipe), "--resume_from_checkpoint", "auto", stderr=subprocess.PIPE)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert json.loads((run_dir / "trainer_state.json").read_text())["global_step"] == 3
+    assert (run_dir / "test_report.json").is_file()
