@@ -173,3 +173,135 @@ def test_signal_during_the_final_save_lets_it_finish_and_the_run_resumes(tmp_pat
     assert resumed.returncode == 0, err
     assert json.loads((run_dir / "trainer_state.json").read_text())["global_step"] == 3
     assert (run_dir / "test_report.json").is_file()
+
+
+# --------------------------------------------------------------------------- recipes and paths
+
+
+def test_recipe_of_nested_aliases_is_refused_before_it_expands(tmp_path, capsys):
+    # 9 deep and 9 wide made 2.4 GB in 22 s, then a MemoryError traceback; 6 deep (531,441 values)
+    # is enough to show the bound without that cost when the fix is missing.
+    lines = ["class_names:", "  - &l0 [c, c, c, c, c, c, c, c, c]"]
+    lines += [f"  - &l{depth} [{', '.join([f'*l{depth - 1}'] * 9)}]" for depth in range(1, 6)]
+    recipe = tmp_path / "bomb.yaml"
+    recipe.write_text("\n".join([*lines, f"output_dir: {tmp_path / 'run'}"]) + "\n", encoding="utf-8")
+    assert len(recipe.read_bytes()) < 1024
+    status = main(["train", str(recipe)])
+    assert status == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: recipe {recipe} expands to more than 100,000 values through its YAML aliases (anchors nested "
+        "in anchors); write the values out, or nest fewer aliases"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bomb.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "path", "shown", "byte"),
+    [
+        ("--output_dir", b"runs/out\xfe", "runs/out\\xfe", "0xfe"),
+        ("--train_file", b"data/tr\xff.csv", "data/tr\\xff.csv", "0xff"),
+    ],
+)
+def test_path_that_is_not_utf8_is_refused_before_training(tmp_path, tiny_model_dir, flag, path, shown, byte):
+    # output_dir trained, then failed at the first checkpoint advising to "free disk space"; train_file
+    # trained to the end, then the model card raised UnicodeEncodeError and left README.md at 0 bytes.
+    (tmp_path / "data").mkdir()
+    reviews = (PROJECT / "data" / "reviews" / "train.csv").read_bytes()
+    (tmp_path / "data" / "train.csv").write_bytes(reviews)
+    (tmp_path / "data" / os.fsdecode(b"tr\xff.csv")).write_bytes(reviews)
+    recipe = tiny_recipe(
+        tmp_path, tiny_model_dir, "run", dataset_dir=None, train_file="data/train.csv", max_steps=1,
+        eval_strategy="no", save_strategy="no", load_best_model_at_end="false", baseline="false",
+    )  # fmt: skip
+    process = finetune_process("train", str(recipe), flag, os.fsdecode(path), cwd=tmp_path, stderr=subprocess.PIPE)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 2, err
+    assert one_error_line(err) == (
+        f"error: {flag[2:]} {shown} is not UTF-8 (byte {byte}); a run records its paths as UTF-8 "
+        "(finetune_run.json, the model card), so rename it to a UTF-8 name"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["data", "recipe.yaml"]  # no run folder begun
+
+
+# --------------------------------------------------------------------------- smaller
+
+
+def test_load_best_model_with_eval_strategy_no_says_what_was_found_and_the_fix(capsys):
+    # The message stopped at "... requires the save and eval strategy to match, ... but found".
+    status = main(["train", str(PROJECT / "recipes" / "quickstart.yaml"), "--eval_strategy", "no"])
+    assert status == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        "error: load_best_model_at_end needs eval_strategy and save_strategy to match, but found eval_strategy no "
+        "and save_strategy epoch; pass --save_strategy no --load_best_model_at_end false to keep the last model, "
+        "or --eval_strategy epoch to keep the best"
+    )
+
+
+def test_infinite_epochs_are_refused_as_never_ending(tmp_path, capsys):
+    # "must be > 0 (got inf)": inf is > 0.
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("num_train_epochs: .inf\n", encoding="utf-8")
+    assert main(["train", str(recipe)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        "error: num_train_epochs must be a finite number (got inf: training would never end); pass "
+        "--num_train_epochs 3, or --max_steps N to count updates instead"
+    )
+
+
+def test_dangling_link_as_output_dir_is_named(tmp_path, tiny_model_dir, capsys):
+    # "cannot create output_dir (File exists)".
+    link = tmp_path / "run"
+    link.symlink_to(tmp_path / "nowhere")
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, link, max_steps=1)
+    assert main(["train", str(recipe)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: output_dir {link} is a link to {tmp_path / 'nowhere'}, which does not exist; create that folder, "
+        "remove the link, or choose another --output_dir"
+    )
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_evaluate_refuses_a_run_still_training(tmp_path, tiny_model_dir, capsys):
+    # It scored what was there and wrote into the live folder without a word.
+    import shutil
+
+    from finetune.training.runs import output_dir_lock
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run_dir)
+    before = sorted(path.name for path in run_dir.iterdir())
+    with output_dir_lock(str(run_dir)):  # as a training process holds it
+        assert main(["evaluate", str(run_dir), "--data", str(PROJECT / "data" / "reviews" / "test.csv")]) == 2
+        assert sorted(path.name for path in run_dir.iterdir()) == sorted([*before, ".finetune.lock"])
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: {run_dir} is a run still training (process {os.getpid()}); finetune evaluate would read "
+        "checkpoints that training may still delete and write into its folder: run it once training ends, or "
+        "copy a checkpoint-* folder elsewhere and finetune evaluate that"
+    )
+
+
+_KILLED_EXPORT = """
+import os, signal, sys
+import finetune.evaluation.export as export_module
+from finetune.cli import main
+
+# Killed once the model files are written, before the run record: what a kill -9 part-way leaves.
+export_module.copy_run_record = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(main(["export", sys.argv[1], "--int8", "--backend", "onnxruntime", "--output", sys.argv[2]]))
+"""
+
+
+def test_export_after_a_killed_export_cleans_what_it_left(tmp_path, tiny_model_dir, capsys):
+    # The kill left the output folder, and the re-run refused it as "already exists" without saying why.
+    pytest.importorskip("onnxruntime", reason="finetune export needs the [export] extra")
+    output = tmp_path / "tiny-int8"
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_EXPORT, str(tiny_model_dir), str(output)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not output.exists()  # nothing named like an export, only a hidden leftover
+    assert main(["export", str(tiny_model_dir), "--int8", "--backend", "onnxruntime", "--output", str(output)]) == 0
+    assert (output / "model_int8.onnx").is_file() and (output / "export.json").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny-int8"]  # the leftover removed
