@@ -8,6 +8,11 @@ and the fix, exit status 2, or 143 / 130 for a signal; no traceback; no file of 
   (streamed into, not refused); predict piped into ``head`` (a quiet exit);
 - signals: SIGTERM or SIGINT during the final save with save_strategy: no (the save finishes, a
   checkpoint of the last update is saved, exit 143 / 130 with the resume command, and the resume ends the run);
+  SIGTERM during a scheduled checkpoint save (the run stops at that checkpoint);
+- recipes and paths: nested YAML aliases that expand past 100,000 values; an output_dir or train_file
+  that is not UTF-8;
+- smaller: load_best_model_at_end with eval_strategy no, num_train_epochs .inf, a dangling link as
+  output_dir, evaluate on a run still training, export after a kill -9 during export.
 """
 
 from __future__ import annotations
@@ -122,9 +127,9 @@ def test_predict_piped_into_head_exits_quietly(tiny_model_dir, tmp_path):
 
 # --------------------------------------------------------------------------- signals
 
-# A run whose final save is interrupted: the signal is sent from inside the save, once
-# .final-model.partial exists, which no timing from outside could hit every time.
-_SIGNAL_DURING_FINAL_SAVE = """
+# A run whose save into the folder named argv[3] (.final-model.partial, .checkpoint-2.partial) is
+# interrupted: the signal is sent from inside the save, which no timing from outside could hit every time.
+_SIGNAL_DURING_SAVE = """
 import os, sys
 from finetune.cli import main
 from finetune.training.trainer import ReviewTrainer
@@ -132,7 +137,7 @@ from finetune.training.trainer import ReviewTrainer
 save_model = ReviewTrainer.save_model
 
 def save_model_then_signal(self, output_dir=None, _internal_call=False):
-    if output_dir is not None and output_dir.endswith(".final-model.partial"):
+    if output_dir is not None and output_dir.endswith(sys.argv[3]):
         os.kill(os.getpid(), int(sys.argv[2]))
     return save_model(self, output_dir, _internal_call)
 
@@ -153,7 +158,7 @@ def test_signal_during_the_final_save_lets_it_finish_and_the_run_resumes(tmp_pat
     )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
     stopped = subprocess.run(
-        [sys.executable, "-c", _SIGNAL_DURING_FINAL_SAVE, str(recipe), str(int(signum))],
+        [sys.executable, "-c", _SIGNAL_DURING_SAVE, str(recipe), str(int(signum)), ".final-model.partial"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert stopped.returncode == status, stopped.stderr
@@ -173,6 +178,27 @@ def test_signal_during_the_final_save_lets_it_finish_and_the_run_resumes(tmp_pat
     assert resumed.returncode == 0, err
     assert json.loads((run_dir / "trainer_state.json").read_text())["global_step"] == 3
     assert (run_dir / "test_report.json").is_file()
+
+
+def test_signal_during_a_checkpoint_save_stops_at_that_checkpoint(tmp_path, tiny_model_dir):
+    # The save finished, but training went on one more update to save another checkpoint.
+    run_dir = tmp_path / "run"
+    recipe = tiny_recipe(
+        tmp_path, tiny_model_dir, run_dir,
+        max_steps=6, per_device_train_batch_size=4, eval_strategy="no", save_strategy="steps", save_steps=2,
+        load_best_model_at_end="false", baseline="false",
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
+    stopped = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_DURING_SAVE, str(recipe), str(int(signal.SIGTERM)), ".checkpoint-2.partial"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert stopped.returncode == 143, stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"stopped by SIGTERM at update 2 (epoch 0.03); checkpoint saved in {run_dir / 'checkpoint-2'}; "
+        f"resume with: finetune train {recipe} --resume_from_checkpoint auto"
+    )
+    assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoint-2", "finetune_run.json"]
 
 
 # --------------------------------------------------------------------------- recipes and paths

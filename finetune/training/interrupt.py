@@ -82,9 +82,12 @@ class StopOnSignal(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        """Note the update whose checkpoint was saved after a signal."""
+        """Note the update whose checkpoint was saved after a signal, and stop there."""
         if self.received is not None:
             self._saved_after_signal = state.global_step
+            # A signal during a scheduled save: that checkpoint is this update's, so stop at it
+            # rather than train one more update to save another.
+            control.should_training_stop = True
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):
