@@ -119,9 +119,9 @@ def _baseline(options: argparse.Namespace, extra: list[str]) -> None:
 
 
 def _predict(options: argparse.Namespace, extra: list[str]) -> None:
-    from .commands.predict import predict
+    from .commands.predict import STDOUT_NAMES, predict
 
-    if options.output:
+    if options.output and options.output not in STDOUT_NAMES:
         from .config.output_files import check_output_file
 
         # predict itself refuses an existing file without --overwrite, in its own words.
@@ -317,7 +317,8 @@ def build_cli() -> argparse.ArgumentParser:
     predict.add_argument("model", help="a model folder (a run's output_dir or a checkpoint)")
     predict.add_argument("--input", help="CSV, TSV or JSONL with a text column; omit or '-' for one review per line")
     predict.add_argument(
-        "--output", help="where to write (.csv, .tsv or .jsonl; no extension: as the input); default: CSV on stdout"
+        "--output",
+        help="where to write (.csv, .tsv or .jsonl; no extension: as the input); default or '-': CSV on stdout",
     )
     predict.add_argument("--text_column", help="the column holding the review (default: the recipe's, or 'text')")
     predict.add_argument("--batch_size", type=positive_int, default=32)
@@ -453,6 +454,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader stopped reading (predict ... | head): a normal end, not an error to report. Python's
+        # own advice: point stdout at devnull, so the flush at exit does not fail on the closed pipe again.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _BROKEN_PIPE_STATUS
     except OSError as error:
         # A disk that filled up or went read-only under a write the commands do not guard themselves
         # (a metrics file, a picture): the cause in one line, not a traceback. Other OSErrors are bugs.
@@ -468,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 _WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+# What a process ended by SIGPIPE reports (128 + 13), as head's writer in a shell pipeline would.
+_BROKEN_PIPE_STATUS = 141
 
 
 def _quiet_libraries() -> None:

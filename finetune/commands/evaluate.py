@@ -47,12 +47,13 @@ def evaluate(
 
     from ..evaluation.inference import require_inference_folder
     from ..training.model_check import check_model_config
-    from ..training.runs import checkpoints
+    from ..training.runs import checkpoints, refuse_while_training
 
     paths = [path] if isinstance(path, str) else list(path)
     for given in paths:
         if not Path(given).exists():
             raise FinetuneError(f"{given} not found; pass a run folder (output_dir) or a checkpoint-* folder")
+        refuse_while_training(Path(given), "finetune evaluate")
     folder = Path(paths[0])
     if len(paths) > 1:
         models = [Path(given) for given in paths]

@@ -11,6 +11,7 @@ whose int8 top-two probabilities are within ``MARGIN`` (:mod:`finetune.evaluatio
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import sys
@@ -80,6 +81,11 @@ def export(
         raise FinetuneError(f"{output_dir} already exists; remove it or pass --output DIR")
     if not output_dir.parent.is_dir():
         raise FinetuneError(f"--output {output_dir}: folder {output_dir.parent} does not exist; create it first")
+    _remove_dead_exports(output_dir)
+    # Written under a hidden name and renamed when whole: a kill -9 part-way leaves no folder named
+    # like an export, only a hidden one that the next export into the same place removes.
+    staging = output_dir.with_name(f".{output_dir.name}.{os.getpid()}.partial")
+    shutil.rmtree(staging, ignore_errors=True)  # a dead export's, whose process id this one now has
     static = backend == "openvino" and not weights_only
     run_config = find_run_config(model_dir)
     texts, texts_source = (
@@ -93,22 +99,30 @@ def export(
 
             encoding = ReviewEncoding.from_fields((run_config or {}).get("data", {}))
             model_file = export_openvino_int8(
-                model, tokenizer, output_dir, str(model_dir), texts, encoding, calibration_source=texts_source
+                model, tokenizer, staging, str(model_dir), texts, encoding, calibration_source=texts_source
             )
         elif weights_only:
             from ..evaluation.openvino_export import export_openvino_weights_int8
 
-            model_file = export_openvino_weights_int8(model, tokenizer, output_dir, str(model_dir))
+            model_file = export_openvino_weights_int8(model, tokenizer, staging, str(model_dir))
         else:
             from ..evaluation.export import export_int8
 
-            model_file = export_int8(model, tokenizer, output_dir, source=str(model_dir), quantize=quantize)
-        copy_run_record(model_dir, output_dir)
+            model_file = export_int8(model, tokenizer, staging, source=str(model_dir), quantize=quantize)
+        copy_run_record(model_dir, staging)
         if fp32_fallback is not None:
-            add_fp32_fallback(output_dir, model, fp32_fallback)
+            add_fp32_fallback(staging, model, fp32_fallback)
+        try:
+            os.rename(staging, output_dir)  # fails rather than replace a folder another export made meanwhile
+        except OSError as error:
+            raise FinetuneError(
+                f"cannot move the export into {output_dir} ({error.strerror or error}); it was made meanwhile "
+                "by another export, or cannot be written: remove it or pass --output DIR"
+            ) from None
+        model_file = output_dir / model_file.relative_to(staging)
     except BaseException:
         # Half an export is no model: leave nothing a later predict could mistake for one.
-        shutil.rmtree(output_dir, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     size_mib = sum(path.stat().st_size for path in output_dir.rglob("*") if path.is_file()) / 2**20
     kind = f"{backend}, weights only" if weights_only else backend
@@ -119,6 +133,28 @@ def export(
         file=sys.stderr,
     )
     return output_dir
+
+
+def _remove_dead_exports(output_dir: Path) -> None:
+    """Remove the hidden ``.NAME.PID.partial`` folders of exports into ``output_dir`` whose process is gone.
+
+    What a kill -9 (or a power cut) during an export leaves: no model, only space taken. A folder whose
+    process still runs is another export at work, and is left to it.
+    """
+    for leftover in output_dir.parent.glob(f".{glob.escape(output_dir.name)}.*.partial"):
+        pid = leftover.name[len(output_dir.name) + 2 : -len(".partial")]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _calibration_texts(

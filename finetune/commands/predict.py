@@ -33,6 +33,8 @@ READ_ROWS = 1024
 MAX_REVIEW_CHARS = 100_000
 # What --output's extension asks for; with no extension, the input's format.
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
+# --output names that mean standard output.
+STDOUT_NAMES = ("-", "/dev/stdout")
 
 
 def predict(
@@ -51,6 +53,7 @@ def predict(
     """
     from tqdm.auto import tqdm
 
+    from ..config.output_files import is_stream
     from ..data.encoding import ReviewEncoding
     from ..evaluation.inference import (
         check_batch_size,
@@ -68,7 +71,11 @@ def predict(
         raise FinetuneError(
             f"--output {output_path} names a folder; give a file name, e.g. {output_path}predictions.csv"
         )
-    if output_path and Path(output_path).exists() and not overwrite:
+    if output_path in STDOUT_NAMES:
+        # Standard output itself, not the file /dev/stdout names (renamed over, it would be the shell's file replaced).
+        output_path = None
+    if output_path and Path(output_path).exists() and not is_stream(output_path) and not overwrite:
+        # A pipe or a device (/dev/null) is written into, not replaced: --overwrite is for files.
         raise FinetuneError(f"{output_path} already exists; pass --overwrite to replace it or choose another --output")
     suffix = Path(output_path).suffix.lower() if output_path else ""
     if suffix and suffix not in OUTPUT_FORMATS:
@@ -80,7 +87,7 @@ def predict(
     data_fields = run_config.get("data", {})
     rows, input_format = _open_rows(input_path)
 
-    with _Output(output_path, input_format) as output, rows:
+    with _Output(output_path, input_format, replace=overwrite) as output, rows:
         batches = rows.batches()
         if not rows.is_stdin:
             # A file's first rows are read before the model loads, so a broken file costs no load;
@@ -353,7 +360,7 @@ def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | N
 class _Output:
     """Where predictions go, opened before the model loads; a file is written whole or not at all (output_file)."""
 
-    def __init__(self, output_path: str | None, input_format: str) -> None:
+    def __init__(self, output_path: str | None, input_format: str, replace: bool = False) -> None:
         from ..config.output_files import OUTPUT_FLAG, output_file
 
         self.path = Path(output_path) if output_path else None
@@ -363,7 +370,8 @@ class _Output:
             return
         suffix = self.path.suffix.lower()  # one of OUTPUT_FORMATS or none: predict() checked it
         self.format = OUTPUT_FORMATS[suffix] if suffix else input_format
-        self.file = output_file(self.path, instead=OUTPUT_FLAG)
+        # Without --overwrite, a file another process finished meanwhile is kept, not renamed over.
+        self.file = output_file(self.path, instead=OUTPUT_FLAG, replace=replace)
         self.handle = self.file.__enter__()
 
     def __enter__(self) -> _Output:

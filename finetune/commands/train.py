@@ -175,18 +175,26 @@ def _train_checked(
     if trainer.class_weights is not None and args.should_log:
         weights = ", ".join(f"{name} {weight:.3f}" for name, weight in zip(label_names, trainer.class_weights.tolist()))
         print(f"class weights: {weights}", file=sys.stderr)
-    started = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=resume)
-    train_seconds = time.perf_counter() - started
-    if stopper.received is not None:
-        command_head = command[: len(command) - len(overrides or [])]  # finetune train RECIPE (or distill)
-        raise TrainingInterrupted(_resume_advice(trainer, stopper, command_head, overrides), stopper.exit_status)
+    command_head = command[: len(command) - len(overrides or [])]  # finetune train RECIPE (or distill)
+    # The signal handlers stay through the final save: a SIGTERM there lets the save finish.
+    with stopper.held():
+        started = time.perf_counter()
+        result = trainer.train(resume_from_checkpoint=resume)
+        train_seconds = time.perf_counter() - started
+        if stopper.stopped_training:
+            raise TrainingInterrupted(_resume_advice(trainer, stopper, command_head, overrides), stopper.exit_status)
 
-    # Save: a standard model folder (config with id2label, safetensors, tokenizer), written whole or not at all.
-    trainer.save_final_model()
-    if trainer.is_world_process_zero():
-        # What evaluate and predict compare the folder's model with, to say when it is no longer this one.
-        record_model_fingerprint(args.output_dir)
+        # Save: a standard model folder (config with id2label, safetensors, tokenizer), written whole or not at all.
+        trainer.save_final_model()
+        if trainer.is_world_process_zero():
+            # What evaluate and predict compare the folder's model with, to say when it is no longer this one.
+            record_model_fingerprint(args.output_dir)
+    if stopper.received is not None:
+        # Stopped after the last update (during the final save, say): the model is saved, and a checkpoint
+        # of that update lets the resumed run go straight to the test split and the report.
+        _checkpoint_last_update(trainer)
+        done = "after the last update; the final model is saved whole"
+        raise TrainingInterrupted(_resume_advice(trainer, stopper, command_head, overrides, done), stopper.exit_status)
     trainer.save_state()
     metrics: dict[str, Any] = {**result.metrics, "train_wall_seconds": train_seconds}
     trainer.save_metrics("train", metrics)
@@ -278,7 +286,9 @@ class _OnTrainBegin(TrainerCallback):
         self.action()
 
 
-def _resume_advice(trainer: Any, stopper: Any, command_head: list[str], overrides: list[str] | None) -> str:
+def _resume_advice(
+    trainer: Any, stopper: Any, command_head: list[str], overrides: list[str] | None, note: str = ""
+) -> str:
     from ..training.runs import checkpoints
 
     saved = checkpoints(Path(trainer.args.output_dir))
@@ -287,9 +297,25 @@ def _resume_advice(trainer: Any, stopper: Any, command_head: list[str], override
     command = " ".join([*command_head, *flags])
     return (
         f"stopped by {stopper.received.name} at update {trainer.state.global_step} "
-        f"(epoch {trainer.state.epoch or 0:.2f}); checkpoint saved in {where}; "
+        f"(epoch {trainer.state.epoch or 0:.2f}){f', {note}' if note else ''}; checkpoint saved in {where}; "
         f"resume with: {command} --resume_from_checkpoint auto"
     )
+
+
+def _checkpoint_last_update(trainer: Any) -> None:
+    """Save a checkpoint of the last update unless one is there, so that ``--resume_from_checkpoint auto`` finds it.
+
+    Not with ``load_best_model_at_end``: the weights in memory are then the best checkpoint's, not the
+    last update's, and resuming the newest checkpoint (which such a run always has) is exact anyway.
+    """
+    from ..training.checkpointing import latest_complete_checkpoint
+    from ..training.runs import checkpoint_step
+
+    args = trainer.args
+    newest = latest_complete_checkpoint(args.output_dir)
+    if args.load_best_model_at_end or (newest is not None and checkpoint_step(newest) == trainer.state.global_step):
+        return
+    trainer._save_checkpoint(trainer.model, trial=None)
 
 
 # Flags that say how to run, not what is trained (True: the flag takes a value). Advice to resume

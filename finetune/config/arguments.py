@@ -395,12 +395,19 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         for name in ("seed", "data_seed"):
             validate_seed(name, getattr(self, name))
+        if self.max_steps <= 0 and self.num_train_epochs == math.inf:
+            # "must be > 0 (got inf)" would be wrong: inf is > 0, it is just never reached.
+            raise FinetuneError(
+                "num_train_epochs must be a finite number (got inf: training would never end); pass "
+                "--num_train_epochs 3, or --max_steps N to count updates instead"
+            )
         if self.max_steps <= 0 and not (math.isfinite(self.num_train_epochs) and self.num_train_epochs > 0):
             # Zero epochs would train nothing and save the untrained head as if it were a model.
             raise FinetuneError(
                 f"num_train_epochs must be > 0 (got {self.num_train_epochs}); pass --num_train_epochs 3, "
                 "or --max_steps N to count updates instead"
             )
+        _check_best_model_strategies(self.load_best_model_at_end, self.eval_strategy, self.save_strategy)
         # Before the parent's __post_init__, which sets up the device and with it whether the launch is distributed.
         self.use_cpu = cpu_for_launch(self.use_cpu)
         super().__post_init__()
@@ -571,3 +578,24 @@ def parse_label_bins(value: dict | str | None) -> dict[str, list[float]] | None:
         if next_low <= high:
             raise FinetuneError("label_bins ranges overlap; give each rating to exactly one class")
     return bins
+
+
+def _check_best_model_strategies(load_best: bool, eval_strategy: Any, save_strategy: Any) -> None:
+    """Refuse load_best_model_at_end with evaluations and saves at different times, naming both and the fix.
+
+    Trainer says so in a message of three lines, of which a one-line error would keep only the cut-off first.
+    """
+    evaluated, saved = (str(getattr(value, "value", value)) for value in (eval_strategy, save_strategy))
+    if not load_best or saved == "best" or evaluated == saved:
+        return
+    if evaluated == "no":
+        fix = (
+            "pass --save_strategy no --load_best_model_at_end false to keep the last model, or "
+            f"--eval_strategy {saved} to keep the best"
+        )
+    else:
+        fix = f"pass --save_strategy {evaluated} (or --eval_strategy {saved}), or --load_best_model_at_end false"
+    raise FinetuneError(
+        "load_best_model_at_end needs eval_strategy and save_strategy to match, but found eval_strategy "
+        f"{evaluated} and save_strategy {saved}; {fix}"
+    )

@@ -74,6 +74,7 @@ def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Reci
     flag_argv = _join_negative_values([_rename_alias_flag(token) for token in flags])
     _refuse_alias_twice(flags)
     given = _given_flags(flag_argv, keys, _option_names(parser))
+    _refuse_undecodable(recipe_path, {**values, **given})
     takes_many = _list_fields(parser)
     for key, value in {**values, **given}.items():
         if isinstance(value, list) and len(value) > 1 and key not in takes_many:
@@ -87,10 +88,35 @@ def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Reci
     except FinetuneError:
         raise
     except ValueError as error:
-        # TrainingArguments.__post_init__ speaks in ValueErrors; keep its first line.
-        first_line = str(error).strip().splitlines()[0]
-        raise FinetuneError(f"invalid training arguments: {first_line}")
+        # TrainingArguments.__post_init__ speaks in ValueErrors, some of several lines: joined into one,
+        # since a first line alone can stop at "but found".
+        one_line = " ".join(line.strip() for line in str(error).strip().splitlines() if line.strip())
+        raise FinetuneError(f"invalid training arguments: {one_line}")
     return Recipe(model=model, data=data, training=training, source=recipe_path, values={**values, **given})
+
+
+def _refuse_undecodable(recipe_path: str | None, values: dict[str, Any]) -> None:
+    """Refuse a value (a path, mostly) holding bytes that are not UTF-8, before any work.
+
+    Python carries such bytes of a command line as lone surrogates, which open() accepts but UTF-8
+    does not: the run would train, then fail at its first checkpoint or leave a 0-byte README.md.
+    """
+    named = [("the recipe path", recipe_path)] + [(key, value) for key, value in values.items()]
+    for name, value in named:
+        for text in value if isinstance(value, list) else [value]:
+            if not isinstance(text, str):
+                continue
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raw = text.encode("utf-8", "surrogateescape")
+                shown = raw.decode("utf-8", "backslashreplace")
+                byte = ord(text[error.start]) - 0xDC00 if 0xDC80 <= ord(text[error.start]) <= 0xDCFF else None
+                which = f" (byte 0x{byte:02x})" if byte is not None else ""
+                raise FinetuneError(
+                    f"{name} {shown} is not UTF-8{which}; a run records its paths as UTF-8 (finetune_run.json, "
+                    "the model card), so rename it to a UTF-8 name"
+                ) from None
 
 
 def _rename_alias_flag(token: str) -> str:
@@ -146,8 +172,41 @@ class _DuplicateKey(Exception):
         self.key, self.first_line, self.second_line = key, first_line, second_line
 
 
+# Values a recipe may hold once its aliases are expanded. A real recipe holds a few hundred (a long
+# class_names list a few thousand); nested anchors ("billion laughs") reach billions from 1 KB, and
+# turning them into flags would take gigabytes before any check ran.
+MAX_EXPANDED_VALUES = 100_000
+
+
+class _AliasBomb(Exception):
+    pass
+
+
 class _RecipeLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader, except that a key given twice in one mapping is an error, not "last wins"."""
+    """``yaml.safe_load``'s loader, except that a key given twice in one mapping is an error, not "last wins",
+    and a document whose aliases expand past ``MAX_EXPANDED_VALUES`` values is refused before it is built."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        """The document's node graph, checked for its expanded size before any value is constructed."""
+        node = super().get_single_node()
+        if node is not None and _expanded_size(node, {}) > MAX_EXPANDED_VALUES:
+            raise _AliasBomb()
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` stands for with every alias written out (each shared node counted once in time)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = 1  # a node that holds itself (a recursive alias) is counted once, not forever
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(item, sizes) for item in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(key, sizes) + _expanded_size(value, sizes) for key, value in node.value)
+    else:
+        size = 1
+    sizes[id(node)] = size
+    return size
 
 
 def _mapping_without_duplicates(loader: _RecipeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -181,6 +240,11 @@ def read_recipe_file(recipe_path: str) -> dict[str, Any]:
     try:
         # A safe loader: a recipe is data and must never construct Python objects.
         loaded = yaml.load(data.decode("utf-8"), Loader=_RecipeLoader)
+    except _AliasBomb:
+        raise FinetuneError(
+            f"recipe {recipe_path} expands to more than {MAX_EXPANDED_VALUES:,} values through its YAML aliases "
+            "(anchors nested in anchors); write the values out, or nest fewer aliases"
+        ) from None
     except _DuplicateKey as duplicate:
         raise FinetuneError(
             f"recipe {recipe_path} sets '{duplicate.key}' twice (lines {duplicate.first_line} and "

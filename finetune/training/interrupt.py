@@ -4,12 +4,16 @@ The first signal asks the run to stop at the next update boundary, where a
 checkpoint is exact (no half-accumulated window to lose); one that comes
 during an evaluation stops at the boundary the evaluation was made at. A
 second signal stops at once, as a user pressing Ctrl-C twice expects.
+:meth:`StopOnSignal.held` keeps the handlers past the end of training, so a
+signal during the final save lets that save finish.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -26,13 +30,40 @@ class StopOnSignal(TrainerCallback):
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
         self._saved_after_signal: int | None = None  # the update whose checkpoint the stop saved
+        self._held = False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[StopOnSignal]:
+        """Catch SIGINT / SIGTERM for the whole block, training and the final save after it, not training alone.
+
+        Killed part-way through the final save, a run would leave neither a
+        model nor, with ``save_strategy: no``, any checkpoint: the caller looks
+        at :attr:`received` after the save instead.
+        """
+        self._held = True
+        self.install()
+        try:
+            yield self
+        finally:
+            self._held = False
+            self.restore()
+
+    def install(self) -> None:
+        """Install the SIGINT / SIGTERM handlers (once; a signal already received leaves them uninstalled)."""
+        # Handlers can only be set from the main thread (a notebook's worker thread cannot).
+        if self._previous or self.received is not None or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in EXIT_STATUS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    @property
+    def stopped_training(self) -> bool:
+        """Whether a signal stopped training early, with a checkpoint of the update it stopped at."""
+        return self._saved_after_signal is not None
 
     def on_train_begin(self, args, state, control, **kwargs):
         """Install the SIGINT / SIGTERM handlers for the length of training."""
-        # Handlers can only be set from the main thread (a notebook's worker thread cannot).
-        if threading.current_thread() is threading.main_thread():
-            for signum in EXIT_STATUS:
-                self._previous[signum] = signal.signal(signum, self._handle)
+        self.install()
 
     def on_step_end(self, args, state, control, **kwargs):
         """After a signal, save this update's checkpoint and stop."""
@@ -51,9 +82,12 @@ class StopOnSignal(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        """Note the update whose checkpoint was saved after a signal."""
+        """Note the update whose checkpoint was saved after a signal, and stop there."""
         if self.received is not None:
             self._saved_after_signal = state.global_step
+            # A signal during a scheduled save: that checkpoint is this update's, so stop at it
+            # rather than train one more update to save another.
+            control.should_training_stop = True
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):
@@ -80,8 +114,9 @@ class StopOnSignal(TrainerCallback):
         return stop
 
     def on_train_end(self, args, state, control, **kwargs):
-        """Put the previous signal handlers back."""
-        self.restore()
+        """Put the previous signal handlers back, unless :meth:`held` keeps them for the final save."""
+        if not self._held:
+            self.restore()
 
     def restore(self) -> None:
         """Put back the handlers that were there before training."""

@@ -75,6 +75,12 @@ def check_output_dir(output_dir: str, overwrite: bool, resuming: bool) -> None:
     model) leaves the earlier run whole. :func:`clear_earlier_run` deletes, once training starts.
     """
     folder = Path(output_dir)
+    if folder.is_symlink() and not folder.exists():
+        # mkdir would say only "File exists": the link is there, what it names is not.
+        raise FinetuneError(
+            f"output_dir {output_dir} is a link to {os.readlink(folder)}, which does not exist; create that "
+            "folder, remove the link, or choose another --output_dir"
+        )
     if folder.exists() and not folder.is_dir():
         raise FinetuneError(f"output_dir {output_dir} is a file, not a folder; choose another --output_dir")
     if resuming:
@@ -191,6 +197,34 @@ def _acquire(lock_path: Path, output_dir: str) -> int:
             os.write(descriptor, _holder_record().encode())
             return descriptor
         os.close(descriptor)
+
+
+def refuse_while_training(model_dir: Path, command: str) -> None:
+    """Refuse to use ``model_dir`` while a run is training into it (or into the run it is a checkpoint of).
+
+    The run's lock says so: ``command`` would score checkpoints that rotation may delete under it and
+    write its files into a folder that training still writes. Refused rather than waited for, since a
+    run may train for hours.
+    """
+    for folder in (model_dir, model_dir.parent):
+        try:
+            descriptor = os.open(folder / LOCK_FILE, os.O_RDONLY)
+        except OSError:
+            continue  # no lock file: no run is training there
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lines = os.read(descriptor, 4096).decode("utf-8", "replace").splitlines()
+                pid = lines[0].strip() if lines and lines[0].strip() else "unknown"
+                raise FinetuneError(
+                    f"{folder} is a run still training (process {pid}); {command} would read checkpoints that "
+                    f"training may still delete and write into its folder: run it once training ends, or copy "
+                    f"a checkpoint-* folder elsewhere and {command} that"
+                ) from None
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+        finally:
+            os.close(descriptor)
 
 
 def _holder_record() -> str:
