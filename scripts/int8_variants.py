@@ -26,7 +26,7 @@ import pandas as pd
 
 from finetune.cli import main as finetune_main
 from finetune.commands.export import export
-from finetune.evaluation.export import quantize_per_channel
+from finetune.export.onnxruntime import quantize_per_channel
 
 
 def matmul_nodes(onnx_path: Path) -> list[tuple[str, str]]:

@@ -49,10 +49,10 @@ def export(
     ``fp32_fallback`` keeps the fp32 model beside int8 for the reviews whose two
     likeliest classes int8 puts within that gap of each other.
     """
-    from ..evaluation.export import copy_run_record, require_onnx_runtime
-    from ..evaluation.fallback import add_fp32_fallback, check_fallback_margin
     from ..evaluation.inference import load_inference_model
-    from ..evaluation.openvino_export import require_openvino
+    from ..export.fallback import add_fp32_fallback, check_fallback_margin
+    from ..export.onnxruntime import copy_run_record, require_onnx_runtime
+    from ..export.openvino import require_openvino
     from ..training.runs import find_run_config, require_model_folder
 
     # Every check before the model loads or a folder is made: a mistake costs a second.
@@ -89,18 +89,18 @@ def export(
     try:
         if static:
             from ..data.encoding import ReviewEncoding
-            from ..evaluation.openvino_export import export_openvino_int8
+            from ..export.openvino import export_openvino_int8
 
             encoding = ReviewEncoding.from_fields((run_config or {}).get("data", {}))
             model_file = export_openvino_int8(
                 model, tokenizer, output_dir, str(model_dir), texts, encoding, calibration_source=texts_source
             )
         elif weights_only:
-            from ..evaluation.openvino_export import export_openvino_weights_int8
+            from ..export.openvino import export_openvino_weights_int8
 
             model_file = export_openvino_weights_int8(model, tokenizer, output_dir, str(model_dir))
         else:
-            from ..evaluation.export import export_int8
+            from ..export.onnxruntime import export_int8
 
             model_file = export_int8(model, tokenizer, output_dir, source=str(model_dir), quantize=quantize)
         copy_run_record(model_dir, output_dir)
@@ -134,7 +134,7 @@ def _calibration_texts(
             f"{model_dir} has no run on record (finetune_run.json) to draw calibration reviews from; "
             "pass --calibration FILE (reviews like the ones it will score) or --backend onnxruntime"
         )
-    from ..evaluation.openvino_export import sample_calibration_texts
+    from ..export.openvino import sample_calibration_texts
     from ..training.runs import load_run_data
 
     train_texts = list(load_run_data(run_config).splits["train"]["text"])

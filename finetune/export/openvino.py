@@ -37,7 +37,7 @@ import numpy as np
 from ..config.output_files import write_output_text
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
 from ..errors import FinetuneError
-from .export import EXPORT_RECORD, quiet_loggers, read_export_record
+from .onnxruntime import EXPORT_RECORD, quiet_loggers, read_export_record
 
 OPENVINO_FILE = "openvino_model.xml"
 CALIBRATION_SEED = 0
