@@ -249,6 +249,7 @@ def _prediction_specs(
     from transformers import set_seed
 
     from ..data.encoding import ReviewEncoding
+    from ..export.common import CALIBRATION_REVIEWS
     from ..export.fallback import DEFAULT_FALLBACK_MARGIN, add_fp32_fallback
     from ..export.onnxruntime import export_int8
     from ..export.openvino import (
@@ -257,7 +258,6 @@ def _prediction_specs(
         sample_calibration_texts,
     )
     from ..training.modeling import load_classifier
-    from .export import CALIBRATION_REVIEWS
 
     set_seed(run.training.seed)
     model = load_classifier(run.model, label_names)

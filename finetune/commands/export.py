@@ -6,7 +6,7 @@ with ``--weights_only``, int8 weights and activations quantized at run time in
 small groups, closer to fp32 and slower. ``onnxruntime`` is dynamic int8,
 slower still here, and needs no reviews. With ``--fp32_fallback MARGIN`` (either
 backend) the folder also keeps the fp32 model, which scores again the reviews
-whose int8 top-two probabilities are within ``MARGIN`` (:mod:`finetune.evaluation.fallback`).
+whose int8 top-two probabilities are within ``MARGIN`` (:mod:`finetune.export.fallback`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,10 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..errors import FinetuneError
-
-Backend = Literal["openvino", "onnxruntime"]
-BACKENDS: tuple[str, ...] = ("openvino", "onnxruntime")
-# Static int8 calibrated on 96 train reviews changed 7 of drugscom's 379 test labels, on 300
-# reviews 6; calibrating on 300 takes about 20 s on 2 cores.
-CALIBRATION_REVIEWS = 300
+from ..export.common import BACKENDS, CALIBRATION_REVIEWS, Backend
 
 
 def export(
@@ -50,8 +45,9 @@ def export(
     likeliest classes int8 puts within that gap of each other.
     """
     from ..evaluation.inference import load_inference_model
+    from ..export.common import copy_run_record
     from ..export.fallback import add_fp32_fallback, check_fallback_margin
-    from ..export.onnxruntime import copy_run_record, require_onnx_runtime
+    from ..export.onnxruntime import require_onnx_runtime
     from ..export.openvino import require_openvino
     from ..training.runs import find_run_config, require_model_folder
 

@@ -1,7 +1,7 @@
 """An int8 copy of a model for CPU prediction: ONNX export, then ONNX Runtime's dynamic quantization.
 
 The default backend of ``finetune export --int8`` is OpenVINO's static int8
-(:mod:`.openvino_export`), the faster one here (README, "Fast prediction");
+(:mod:`.openvino`), the faster one here (README, "Fast prediction");
 this one, ``--backend onnxruntime``, needs neither OpenVINO nor calibration reviews.
 
 torch 2.13 still ships ``torch.ao.quantization.quantize_dynamic``, but its
@@ -25,11 +25,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
-import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +35,9 @@ import numpy as np
 
 from ..config.output_files import write_output_text
 from ..errors import FinetuneError
+from .common import EXPORT_RECORD, quiet_loggers
 
 ONNX_FILE = "model_int8.onnx"
-EXPORT_RECORD = "export.json"
 _INSTALL_HINT = "finetune export --int8 needs ONNX Runtime; install it with: pip install 'finetune[export]'"
 
 
@@ -50,12 +48,6 @@ def require_onnx_runtime() -> None:
     missing = [name for name in ("onnxruntime", "onnx", "onnxscript") if importlib.util.find_spec(name) is None]
     if missing:
         raise FinetuneError(f"{_INSTALL_HINT} (missing: {', '.join(missing)})")
-
-
-def read_export_record(folder: Path) -> dict[str, Any]:
-    """The ``export.json`` of an int8 export (how it was made), or {} for a folder without one."""
-    path = folder / EXPORT_RECORD
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def is_onnx_folder(folder: Path) -> bool:
@@ -134,20 +126,6 @@ def export_int8(
     return output_dir / ONNX_FILE
 
 
-@contextlib.contextmanager
-def quiet_loggers(*names: str) -> Iterator[None]:
-    """Raise the named loggers to ERROR for the block ('' is the root logger), then restore their levels."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
 class OnnxClassifier:
     """An exported model run by ONNX Runtime, with the ``config`` that :func:`predict_probabilities` reads."""
 
@@ -170,13 +148,3 @@ class OnnxClassifier:
         """Logits for one padded batch (tensors or arrays keyed by input name)."""
         feed = {name: np.asarray(batch[name], dtype=np.int64) for name in self.input_names}
         return self.session.run(["logits"], feed)[0]
-
-
-def copy_run_record(model_dir: Path, output_dir: Path) -> None:
-    """Copy the run's ``finetune_run.json`` (columns, cleaning, max_length) so predict reads reviews as trained."""
-    from ..training.runs import RUN_CONFIG
-
-    for folder in (model_dir, model_dir.parent):
-        if (folder / RUN_CONFIG).is_file():
-            shutil.copy2(folder / RUN_CONFIG, output_dir / RUN_CONFIG)
-            return
