@@ -1,25 +1,30 @@
-"""Kill a real run at random moments, resume it each time, and compare with an uninterrupted run.
+"""Opt-in, slow: kill a real recipe's run at random moments, resume it each time, compare with an uninterrupted run.
 
-    python scripts/kill_and_resume.py recipes/quickstart.yaml --kills 10 --seed 0
+    FINETUNE_KILL_AND_RESUME=recipes/quickstart.yaml python -m pytest -s tests/test_kill_and_resume.py
+
+Skipped unless ``FINETUNE_KILL_AND_RESUME`` names a recipe (it trains that
+recipe twice, about 10 kills long; ``tests/test_resume.py`` does the same to a
+tiny run at chosen moments in every suite run). ``FINETUNE_KILLS`` (default
+10) and ``FINETUNE_KILL_SEED`` (default 0) set the kills; with
+``FINETUNE_KILL_AND_RESUME_OUT=DIR`` the runs go to DIR instead of a temporary
+folder, and a finished DIR/reference is reused by the next call.
 
 Trains the recipe once without interruption (OUT/reference), then again
-(OUT/interrupted), sending SIGKILL to the process at ``--kills`` random moments
+(OUT/interrupted), sending SIGKILL to the process at random moments
 and resuming with ``--resume_from_checkpoint auto`` after each. A moment is
 a random 0-6 s after the process has saved its first new checkpoint, so every
 kill lands inside training (mid-window, mid-epoch, during a save...) and every
 resumed process leaves something to compare. Both runs save
-a checkpoint every ``--save_steps`` updates and keep them all, so each kill
+a checkpoint every 5 updates and keep them all, so each kill
 gets its own verdict: the checkpoints the resumed process wrote are compared
 bitwise (weights, and every logged loss so far) with the reference's of the
-same update. At the end the final models are compared too.
-
-Prints one line per kill and a summary; exits 1 unless every comparison is equal.
+same update. At the end the final models are compared too. ``-s`` shows one line per kill.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import random
 import shutil
 import signal
@@ -28,7 +33,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
+
+PROJECT = Path(__file__).parent.parent
+RECIPE = os.environ.get("FINETUNE_KILL_AND_RESUME")
 
 # Frequent, kept checkpoints; with saves every few steps, best-model reloading (which wants
 # evaluation on the same schedule) is off, so the final model is the last weights.
@@ -36,11 +45,14 @@ CHECKPOINT_FLAGS = ("--save_strategy", "steps", "--save_total_limit", "1000", "-
 
 
 def train(recipe: str, output_dir: Path, *flags: str) -> subprocess.Popen:
+    """Start ``finetune train recipe`` into ``output_dir`` in its own process, quietly."""
     command = [sys.executable, "-m", "finetune", "train", recipe, "--output_dir", str(output_dir), *flags]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # From the project root, so a recipe's relative data paths resolve as in the README's commands.
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=PROJECT)
 
 
 def checkpoint_steps(run_dir: Path) -> set[int]:
+    """The update numbers of the checkpoints in ``run_dir``."""
     return {int(path.name.split("-")[1]) for path in run_dir.glob("checkpoint-*")}
 
 
@@ -53,78 +65,79 @@ def same_model(left: Path, right: Path) -> bool:
 
 
 def logged_losses(folder: Path) -> list[tuple]:
+    """(update, loss) of every training-loss log line in ``folder``'s trainer_state.json."""
     history = json.loads((folder / "trainer_state.json").read_text())["log_history"]
     return [(entry["step"], entry["loss"]) for entry in history if "loss" in entry]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("recipe")
-    parser.add_argument("--kills", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0, help="seeds the kill moments")
-    parser.add_argument("--save_steps", type=int, default=5)
-    parser.add_argument("--out", default="runs/kill-and-resume")
-    parser.add_argument("--keep_reference", action="store_true", help="reuse OUT/reference from an earlier call")
-    options = parser.parse_args()
-    out = Path(options.out)
+@pytest.mark.slow
+@pytest.mark.skipif(not RECIPE, reason="opt-in: set FINETUNE_KILL_AND_RESUME=recipes/quickstart.yaml")
+def test_every_resume_after_a_random_kill_is_bitwise_equal(tmp_path):
+    kills = int(os.environ.get("FINETUNE_KILLS", "10"))
+    out = Path(os.environ.get("FINETUNE_KILL_AND_RESUME_OUT") or tmp_path)
+    verdicts = kill_and_resume(
+        str(Path(RECIPE).resolve()), kills, int(os.environ.get("FINETUNE_KILL_SEED", "0")), save_steps=5, out=out
+    )
+    assert verdicts == [True] * kills
+
+
+def kill_and_resume(recipe: str, kills: int, seed: int, save_steps: int, out: Path) -> list[bool]:
+    """Train ``recipe`` uninterrupted and killed ``kills`` times; one verdict per resume, True where bitwise equal."""
     reference = out / "reference"
-    if not (options.keep_reference and (reference / "model.safetensors").is_file()):
+    if not (reference / "model.safetensors").is_file():
         shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out / "interrupted", ignore_errors=True)
-    flags = (*CHECKPOINT_FLAGS, "--save_steps", str(options.save_steps))
-    moments = random.Random(options.seed)
+    flags = (*CHECKPOINT_FLAGS, "--save_steps", str(save_steps))
+    moments = random.Random(seed)
 
     started = time.perf_counter()
     if (reference / "model.safetensors").is_file():
         print(f"uninterrupted run: reused from {reference}")
-    elif train(options.recipe, reference, *flags).wait() != 0:
-        print("the uninterrupted run failed", file=sys.stderr)
-        return 1
     else:
+        assert train(recipe, reference, *flags).wait() == 0, "the uninterrupted run failed"
         print(f"uninterrupted run: {time.perf_counter() - started:.0f} s")
     print(f"reference checkpoints: {sorted(checkpoint_steps(reference))}")
 
     interrupted = out / "interrupted"
     verdicts: list[bool] = []
     resumed_from = None
-    process = train(options.recipe, interrupted, *flags)
-    for kill in range(1, options.kills + 1):
-        before = checkpoint_steps(interrupted)
-        delay = moments.uniform(0, 6)
-        while process.poll() is None and checkpoint_steps(interrupted) <= before:
-            time.sleep(0.2)
-        try:
-            process.wait(timeout=delay)
-            print(f"the run finished before kill {kill}; use a longer recipe or fewer kills", file=sys.stderr)
-            return 1
-        except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-        new = sorted(checkpoint_steps(interrupted) - before)
-        if kill > 1:
-            # The verdict on the previous resume: what that process saved equals the reference.
-            equal = bool(new) and all(
-                same_model(interrupted / f"checkpoint-{step}", reference / f"checkpoint-{step}") for step in new
+    process = train(recipe, interrupted, *flags)
+    try:
+        for kill in range(1, kills + 1):
+            before = checkpoint_steps(interrupted)
+            delay = moments.uniform(0, 6)
+            while process.poll() is None and checkpoint_steps(interrupted) <= before:
+                time.sleep(0.2)
+            try:
+                process.wait(timeout=delay)
+                pytest.fail(f"the run finished before kill {kill}; use a longer recipe or fewer kills")
+            except subprocess.TimeoutExpired:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+            new = sorted(checkpoint_steps(interrupted) - before)
+            if kill > 1:
+                # The verdict on the previous resume: what that process saved equals the reference.
+                equal = bool(new) and all(
+                    same_model(interrupted / f"checkpoint-{step}", reference / f"checkpoint-{step}") for step in new
+                )
+                verdicts.append(equal)
+                print(f"resume {kill - 1} (from checkpoint-{resumed_from}): saved {new}, bitwise equal: {equal}")
+            resumed_from = max(checkpoint_steps(interrupted), default=None)
+            print(
+                f"kill {kill}: SIGKILL {delay:.1f} s after its first new checkpoint, latest checkpoint {resumed_from}"
             )
-            verdicts.append(equal)
-            print(f"resume {kill - 1} (from checkpoint-{resumed_from}): saved {new}, bitwise equal: {equal}")
-        resumed_from = max(checkpoint_steps(interrupted), default=None)
-        print(f"kill {kill}: SIGKILL {delay:.1f} s after its first new checkpoint, latest checkpoint {resumed_from}")
-        flags_now = ("--resume_from_checkpoint", "auto") if resumed_from else ("--overwrite_output_dir",)
-        process = train(options.recipe, interrupted, *flags, *flags_now)
-    before = checkpoint_steps(interrupted)
-    if process.wait() != 0:
-        print("the last resumed run failed", file=sys.stderr)
-        return 1
+            flags_now = ("--resume_from_checkpoint", "auto") if resumed_from else ("--overwrite_output_dir",)
+            process = train(recipe, interrupted, *flags, *flags_now)
+        before = checkpoint_steps(interrupted)
+        assert process.wait() == 0, "the last resumed run failed"
+    finally:
+        if process.poll() is None:  # a failed check leaves no training process behind
+            process.kill()
+            process.wait()
     new = sorted(checkpoint_steps(interrupted) - before)
     equal = all(same_model(interrupted / f"checkpoint-{step}", reference / f"checkpoint-{step}") for step in new)
     final_equal = same_model(interrupted, reference)
     verdicts.append(equal and final_equal)
-    last = f"resume {options.kills} (from checkpoint-{resumed_from})"
-    print(f"{last}: saved {new}, final model bitwise equal: {final_equal}")
-    print(f"{sum(verdicts)} of {options.kills} resumed runs ended bitwise equal to the uninterrupted run")
-    return 0 if all(verdicts) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    print(f"resume {kills} (from checkpoint-{resumed_from}): saved {new}, final model bitwise equal: {final_equal}")
+    print(f"{sum(verdicts)} of {kills} resumed runs ended bitwise equal to the uninterrupted run")
+    return verdicts
