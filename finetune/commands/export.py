@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ def export(
     calibration: str | None = None,
     calibration_reviews: int = CALIBRATION_REVIEWS,
     weights_only: bool = False,
-    quantize: Callable[[Path, Path], None] | None = None,
     fp32_fallback: float | None = None,
 ) -> Path:
     """Write an int8 copy of ``model_path`` (a run or checkpoint folder) to ``output`` (default ``<model>-int8``).
@@ -39,8 +37,7 @@ def export(
     ``calibration_reviews`` reviews calibrate OpenVINO's static int8; without
     it they are drawn (seeded) from the run's train split. ``weights_only``
     stores only the weights in int8 and quantizes activations at run time in
-    small groups (OpenVINO; closer to fp32, slower, no calibration). ``quantize(fp32_onnx,
-    int8_onnx)`` replaces the onnxruntime backend's quantization (for comparing others).
+    small groups (OpenVINO; closer to fp32, slower, no calibration).
     ``fp32_fallback`` keeps the fp32 model beside int8 for the reviews whose two
     likeliest classes int8 puts within that gap of each other.
     """
@@ -98,7 +95,7 @@ def export(
         else:
             from ..export.onnxruntime import export_int8
 
-            model_file = export_int8(model, tokenizer, output_dir, source=str(model_dir), quantize=quantize)
+            model_file = export_int8(model, tokenizer, output_dir, source=str(model_dir))
         copy_run_record(model_dir, output_dir)
         if fp32_fallback is not None:
             add_fp32_fallback(output_dir, model, fp32_fallback)

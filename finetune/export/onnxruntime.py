@@ -12,7 +12,7 @@ layers) to int8 per channel and quantizes activations on the fly, and runs
 them with integer matrix products. Its blockwise alternative (8-bit
 MatMulNBits, a scale per block of 32 input channels) changed far fewer
 labels but ran slower than fp32 PyTorch here, so it is not the default;
-``scripts/int8_variants.py`` compares both (README).
+the README's "Fast prediction" compares both.
 
 The folder it writes holds ``model_int8.onnx``, the model's ``config.json``
 (labels), its tokenizer and the run's ``finetune_run.json``, so
@@ -27,7 +27,6 @@ import io
 import json
 import tempfile
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +71,8 @@ def export_int8(
     tokenizer: Any,
     output_dir: Path,
     source: str,
-    quantize: Callable[[Path, Path], None] | None = None,
 ) -> Path:
-    """Export ``model`` to ONNX, quantize it into ``output_dir``, with its config and tokenizer.
-
-    ``quantize(fp32_onnx, int8_onnx)`` replaces the shipped :func:`quantize_per_channel` (to compare others).
-    """
+    """Export ``model`` to ONNX, quantize it into ``output_dir``, with its config and tokenizer."""
     require_onnx_runtime()
     import torch
 
@@ -108,18 +103,14 @@ def export_int8(
             optimize=True,
             verbose=False,
         )
-        (quantize or quantize_per_channel)(fp32_path, output_dir / ONNX_FILE)
+        quantize_per_channel(fp32_path, output_dir / ONNX_FILE)
     model.config.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     record = {
         "source": source,
         "format": "ONNX",
         "backend": "onnxruntime",
-        "quantization": (
-            "ONNX Runtime quantize_dynamic: int8 weights (QInt8, per channel), activations at run time"
-            if quantize is None
-            else f"custom: {getattr(quantize, '__name__', repr(quantize))}"
-        ),
+        "quantization": "ONNX Runtime quantize_dynamic: int8 weights (QInt8, per channel), activations at run time",
         "onnx_file": ONNX_FILE,
     }
     write_output_text(output_dir / EXPORT_RECORD, json.dumps(record, indent=2) + "\n")
