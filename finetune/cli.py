@@ -248,7 +248,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_cli() -> argparse.ArgumentParser:
     """The argument parser of the ``finetune`` command."""
-    from .commands.export import BACKENDS, CALIBRATION_REVIEWS
+    from .export.common import BACKENDS, CALIBRATION_REVIEWS
 
     parser = _Parser(prog="finetune", description="Fine-tune BERT-family models on customer reviews.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

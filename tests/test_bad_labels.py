@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_bad_input import earlier_run, recipe_with, run_cli, snapshot, write_csv
+from bad_input.common import earlier_run, recipe_with, run_cli, snapshot, write_csv
 
 from finetune.cli import main
 

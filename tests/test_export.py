@@ -133,8 +133,8 @@ def test_openvino_int8_export_round_trip(tiny_model_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize("backend", ["openvino", "onnxruntime"])
 def test_fp32_fallback_export_round_trip(tiny_model_dir, tmp_path, capsys, backend):
-    from finetune.evaluation.fallback import Int8WithFallback
     from finetune.evaluation.inference import load_inference_model, predict_probabilities
+    from finetune.export.fallback import Int8WithFallback
 
     exported = tmp_path / "tiny-int8"
     command = ["export", str(tiny_model_dir), "--int8", "--backend", backend, "--output", str(exported)]
@@ -250,7 +250,7 @@ def test_openvino_export_calibrates_on_the_run_train_split(small_run, tmp_path):
 
 def test_calibration_samples_are_the_windows_predict_scores(tokenizer):
     from finetune.data.encoding import ReviewEncoding, encode_windows
-    from finetune.evaluation.openvino_export import _calibration_samples
+    from finetune.export.openvino import _calibration_samples
 
     texts = ["short review", " ".join(["long"] * 100)]
     encoding = ReviewEncoding(max_length=32, sliding_window=True, window_stride=8)

@@ -10,8 +10,8 @@ import torch
 
 from finetune.data.encoding import ReviewEncoding
 from finetune.errors import FinetuneError
-from finetune.evaluation.fallback import Int8WithFallback, top_two_gap
 from finetune.evaluation.inference import predict_probabilities
+from finetune.export.fallback import Int8WithFallback, top_two_gap
 
 TEXTS = [
     "great value, works perfectly",

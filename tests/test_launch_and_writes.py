@@ -1,6 +1,6 @@
 """Issue 29: a launch of several processes trains as one launch or is refused; a write the disk refuses is an error.
 
-The cases, each a bad-input case in the sense of tests/test_bad_input.py (one
+The cases, each a bad-input case in the sense of tests/bad_input/ (one
 line naming the problem and the fix, exit status 2, nothing on disk lost):
 
 - launching: the README's ``torchrun --nproc_per_node 2 -m finetune train`` and ``accelerate launch
@@ -165,8 +165,8 @@ def test_predict_onto_a_full_device_fails_and_never_says_it_wrote(tiny_model_dir
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, tiny_model_dir) -> Path:
-    """A finished 2-update run (test_bad_input's), evaluated once on its train split; each test works on a copy."""
-    from test_bad_input import run_recipe
+    """A finished 2-update run (tests/bad_input's), evaluated once on its train split; each test works on a copy."""
+    from bad_input.common import run_recipe
 
     from finetune.cli import main
 

@@ -249,15 +249,15 @@ def _prediction_specs(
     from transformers import set_seed
 
     from ..data.encoding import ReviewEncoding
-    from ..evaluation.export import export_int8
-    from ..evaluation.fallback import DEFAULT_FALLBACK_MARGIN, add_fp32_fallback
-    from ..evaluation.openvino_export import (
+    from ..export.common import CALIBRATION_REVIEWS
+    from ..export.fallback import DEFAULT_FALLBACK_MARGIN, add_fp32_fallback
+    from ..export.onnxruntime import export_int8
+    from ..export.openvino import (
         export_openvino_int8,
         export_openvino_weights_int8,
         sample_calibration_texts,
     )
     from ..training.modeling import load_classifier
-    from .export import CALIBRATION_REVIEWS
 
     set_seed(run.training.seed)
     model = load_classifier(run.model, label_names)
@@ -294,8 +294,8 @@ def _prediction_specs(
 
 def _int8_backend() -> str | None:
     """The export backend the int8 rows can use: OpenVINO, else ONNX Runtime (with a note), else None (a note)."""
-    from ..evaluation.export import require_onnx_runtime
-    from ..evaluation.openvino_export import require_openvino
+    from ..export.onnxruntime import require_onnx_runtime
+    from ..export.openvino import require_openvino
 
     try:
         require_openvino()
@@ -397,7 +397,7 @@ def _prediction_rows(fp32: dict[str, Any], exports: list[dict[str, Any]]) -> dic
     """
     import numpy as np
 
-    from ..evaluation.fallback import top_two_gap
+    from ..export.fallback import top_two_gap
 
     labels = np.asarray(fp32["labels"])
     base_probabilities = np.asarray(fp32["probabilities"])

@@ -303,8 +303,9 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
 
     from ..config.recipes import load_recipe
     from ..data.encoding import ReviewEncoding
-    from ..evaluation.fallback import Int8WithFallback
     from ..evaluation.inference import load_inference_model, predict_probabilities
+    from ..export.common import export_backend
+    from ..export.fallback import Int8WithFallback
 
     run = load_recipe(spec.recipe, [*spec.overrides, "--output_dir", _scratch_dir(spec)])
     samples = datasets.load_from_disk(spec.dataset_path)
@@ -333,14 +334,5 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         "probabilities": probabilities.tolist(),
         "labels": labels,
         "peak_rss_bytes": peak_rss_bytes(),
-        "backend": _export_backend(pathlib.Path(spec.model_dir)),
+        "backend": export_backend(pathlib.Path(spec.model_dir)),
     }
-
-
-def _export_backend(model_dir: pathlib.Path) -> str:
-    """``openvino`` or ``onnxruntime`` for an int8 export (from its ``export.json``), ``pytorch`` otherwise."""
-    from ..evaluation.export import read_export_record
-
-    record = read_export_record(model_dir)
-    # Exports from before OpenVINO was a backend were all ONNX Runtime's and say no backend.
-    return record.get("backend", "onnxruntime") if record else "pytorch"

@@ -6,7 +6,7 @@ with ``--weights_only``, int8 weights and activations quantized at run time in
 small groups, closer to fp32 and slower. ``onnxruntime`` is dynamic int8,
 slower still here, and needs no reviews. With ``--fp32_fallback MARGIN`` (either
 backend) the folder also keeps the fp32 model, which scores again the reviews
-whose int8 top-two probabilities are within ``MARGIN`` (:mod:`finetune.evaluation.fallback`).
+whose int8 top-two probabilities are within ``MARGIN`` (:mod:`finetune.export.fallback`).
 """
 
 from __future__ import annotations
@@ -15,17 +15,11 @@ import glob
 import os
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..errors import FinetuneError
-
-Backend = Literal["openvino", "onnxruntime"]
-BACKENDS: tuple[str, ...] = ("openvino", "onnxruntime")
-# Static int8 calibrated on 96 train reviews changed 7 of drugscom's 379 test labels, on 300
-# reviews 6; calibrating on 300 takes about 20 s on 2 cores.
-CALIBRATION_REVIEWS = 300
+from ..export.common import BACKENDS, CALIBRATION_REVIEWS, Backend
 
 
 def export(
@@ -36,7 +30,6 @@ def export(
     calibration: str | None = None,
     calibration_reviews: int = CALIBRATION_REVIEWS,
     weights_only: bool = False,
-    quantize: Callable[[Path, Path], None] | None = None,
     fp32_fallback: float | None = None,
 ) -> Path:
     """Write an int8 copy of ``model_path`` (a run or checkpoint folder) to ``output`` (default ``<model>-int8``).
@@ -45,15 +38,15 @@ def export(
     ``calibration_reviews`` reviews calibrate OpenVINO's static int8; without
     it they are drawn (seeded) from the run's train split. ``weights_only``
     stores only the weights in int8 and quantizes activations at run time in
-    small groups (OpenVINO; closer to fp32, slower, no calibration). ``quantize(fp32_onnx,
-    int8_onnx)`` replaces the onnxruntime backend's quantization (for comparing others).
+    small groups (OpenVINO; closer to fp32, slower, no calibration).
     ``fp32_fallback`` keeps the fp32 model beside int8 for the reviews whose two
     likeliest classes int8 puts within that gap of each other.
     """
-    from ..evaluation.export import copy_run_record, require_onnx_runtime
-    from ..evaluation.fallback import add_fp32_fallback, check_fallback_margin
     from ..evaluation.inference import load_inference_model
-    from ..evaluation.openvino_export import require_openvino
+    from ..export.common import copy_run_record
+    from ..export.fallback import add_fp32_fallback, check_fallback_margin
+    from ..export.onnxruntime import require_onnx_runtime
+    from ..export.openvino import require_openvino
     from ..training.runs import find_run_config, require_model_folder
 
     # Every check before the model loads or a folder is made: a mistake costs a second.
@@ -95,20 +88,20 @@ def export(
     try:
         if static:
             from ..data.encoding import ReviewEncoding
-            from ..evaluation.openvino_export import export_openvino_int8
+            from ..export.openvino import export_openvino_int8
 
             encoding = ReviewEncoding.from_fields((run_config or {}).get("data", {}))
             model_file = export_openvino_int8(
                 model, tokenizer, staging, str(model_dir), texts, encoding, calibration_source=texts_source
             )
         elif weights_only:
-            from ..evaluation.openvino_export import export_openvino_weights_int8
+            from ..export.openvino import export_openvino_weights_int8
 
             model_file = export_openvino_weights_int8(model, tokenizer, staging, str(model_dir))
         else:
-            from ..evaluation.export import export_int8
+            from ..export.onnxruntime import export_int8
 
-            model_file = export_int8(model, tokenizer, staging, source=str(model_dir), quantize=quantize)
+            model_file = export_int8(model, tokenizer, staging, source=str(model_dir))
         copy_run_record(model_dir, staging)
         if fp32_fallback is not None:
             add_fp32_fallback(staging, model, fp32_fallback)
@@ -170,7 +163,7 @@ def _calibration_texts(
             f"{model_dir} has no run on record (finetune_run.json) to draw calibration reviews from; "
             "pass --calibration FILE (reviews like the ones it will score) or --backend onnxruntime"
         )
-    from ..evaluation.openvino_export import sample_calibration_texts
+    from ..export.openvino import sample_calibration_texts
     from ..training.runs import load_run_data
 
     train_texts = list(load_run_data(run_config).splits["train"]["text"])

@@ -12,9 +12,9 @@ from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTok
 
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
 from ..errors import FinetuneError
-from .export import OnnxClassifier, is_onnx_folder, require_onnx_runtime
-from .fallback import Int8WithFallback, read_fallback
-from .openvino_export import OpenVinoClassifier, is_openvino_folder, require_openvino
+from ..export.fallback import Int8WithFallback, read_fallback
+from ..export.onnxruntime import OnnxClassifier, is_onnx_folder, require_onnx_runtime
+from ..export.openvino import OpenVinoClassifier, is_openvino_folder, require_openvino
 
 # Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.
 EXPORTED_CLASSIFIERS = (OnnxClassifier, OpenVinoClassifier)

@@ -11,8 +11,34 @@ whatever the size of the last micro-batch or window. See the README's
 Everything else (optimizer and scheduler creation, Accelerate, evaluation,
 checkpoints, callbacks) is Trainer's own; only the inner loop is replaced.
 
-The same loop runs on many processes (``torchrun``, ``accelerate launch``):
-see ``ReviewTrainer`` for how they share each window.
+``_run_accumulation_loop`` reads top to bottom: epochs, windows, micro-batches,
+one update per window. Its terms:
+
+- **stock**: what ``transformers.Trainer`` itself does; tests/test_drop_in.py
+  and test_trainer_compat.py run both and compare.
+- **micro-batch**: what the dataloader yields on one process
+  (``per_device_train_batch_size`` reviews); a **micro-step** is its forward
+  and backward.
+- **window**: the ``gradient_accumulation_steps`` (n) micro-batches of one
+  update; an epoch's last window may be shorter and is trained, not dropped.
+- **update**: one optimizer and scheduler step on the window's gradient;
+  ``state.global_step`` counts updates.
+- **mass**: what a micro-batch's mean loss averages over, its samples or
+  (with class weights) their summed weights. A micro-batch's **weight**
+  (``micro_batch_weight``) is its mass over the window's mass on all
+  processes, so a window's gradient is that of one full batch.
+- **global micro-batch**: micro-batch k of every process together; with N
+  processes it holds one process's micro-batch k of N x b. A process's part of
+  it is its **share**; an **empty share** is none at all (the epoch's last
+  global micro-batch may be short).
+- **stand-in**: what a process with an empty share forwards, with weight 0
+  (the training set's first sample), since every process must join the
+  window's gradient all-reduce.
+- **ran dry**: an ``IterableDataset`` pass that gave no batch; the run stops.
+- **stopped in a window**: a callback stopped between two micro-steps; as
+  stock, that window makes no update.
+
+How N processes share a window: docs/development.md, "The loop on several processes".
 """
 
 from __future__ import annotations
@@ -25,6 +51,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -75,28 +102,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
     review's loss counts with its class's weight, and the window's loss is the
     weighted mean over all its reviews, as for one full batch.
 
-    On N processes (DDP through ``torchrun`` or ``accelerate launch``), N
-    processes with micro-batch b make the same updates as one with N x b:
-
-    - **How ranks split a window.** Accelerate deals the one-process order's
-      micro-batches round robin, so global micro-batch k (micro-batch k of
-      every rank) holds exactly the samples of one process's micro-batch k of
-      N x b, in the same order. Accelerate's padding of the last one
-      (``even_batches``, which repeats samples from the epoch's start) is
-      turned off for training: the last global micro-batch is left short, so
-      a rank may get a short share or none. A rank with none runs the first
-      training sample with weight 0, because every rank must join the
-      window's all-reduce. (Evaluation keeps ``even_batches``;
-      ``gather_for_metrics`` drops its repeats.)
-    - **Weights.** Each micro-batch's mean loss is weighted by its samples
-      over the window's samples summed over all ranks (one small all-reduce
-      per window), times N to undo DDP's averaging.
-    - **One all-reduce per update.** Micro-steps inside a window run under
-      ``no_sync``; the window's last micro-batch all-reduces the whole
-      window's gradient, a short trailing window included.
-    - **Same order on every rank.** ``group_by_length`` draws its order from
-      ``seed + epoch`` (random sampling already does, through Accelerate), so
-      ranks shard the same order.
+    On N processes (DDP through ``torchrun`` or ``accelerate launch``) with
+    micro-batch b it makes the same updates as one process with N x b;
+    docs/development.md ("The loop on several processes") says how.
     """
 
     def __init__(self, *args: Any, class_weights: Sequence[float] | torch.Tensor | None = None, **kwargs: Any) -> None:
@@ -289,107 +297,120 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         ``micro_batches_per_epoch`` is None for an ``IterableDataset``: an epoch
         is then one pass over it, and ``max_steps`` ends the run.
         """
-        args = self.args
-        start_time = time.time()
-        self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
-        self._initial_global_step = self.state.global_step
-        self._globalstep_last_logged = self.state.global_step
-        self._loss_since_log = _LossTracker()
-        self._run_loss = _LossTracker()
-        length_known = micro_batches_per_epoch is not None
-        # What a rank forwards, with weight 0, for a global micro-batch in which it has no samples
-        # (an IterableDataset keeps Accelerate's padding instead, see get_train_dataloader).
-        self._stand_in = (
-            stand_in_batch(train_dataloader) if self.accelerator.num_processes > 1 and length_known else None
-        )
-        # What state.epoch's fraction counts: with no length, stock Trainer's stand-in of max_steps windows.
-        epoch_micro_batches = (
-            micro_batches_per_epoch if length_known else self.state.max_steps * args.gradient_accumulation_steps
-        )
-        model.zero_grad(set_to_none=True)
-
-        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        if args.eval_on_start:
-            self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
-
+        run = _Run(time.time(), num_epochs, micro_batches_per_epoch, trial, ignore_keys_for_eval)
+        self._start_run(model, train_dataloader, run)
         # A run resumed from its final checkpoint has nothing left to do. Stock Trainer makes one more
         # update when that checkpoint is mid-epoch (a max_steps run): its stop is checked after each update.
         finished = self.state.global_step >= self.state.max_steps > 0
-        for epoch in range(start_epoch, num_epochs if not finished else start_epoch):
-            epoch_batches = self._epoch_batches(train_dataloader, epoch)
-            micro_step = 0  # micro-batches consumed this epoch
-            if epoch == start_epoch and micro_batches_done > 0:
-                # Resuming inside an epoch: checkpoints sit on update boundaries, so skipping
-                # whole windows lands exactly where the interrupted run stopped.
-                epoch_batches = _started(skip_first_batches(epoch_batches, micro_batches_done))
-                micro_step = micro_batches_done
-                # Only now: starting the iterator above drew from the global random state, as the
-                # interrupted run did at the start of the epoch, before the state it saved.
-                self._load_rng_state(resume_from_checkpoint)
-            elif epoch == start_epoch and resume_from_checkpoint is not None:
-                self._load_rng_state(resume_from_checkpoint)
-
-            self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
-            epoch_loss = _LossTracker()
-            bar = EpochProgressBar(
-                epoch,
-                num_epochs if length_known else None,
-                micro_batches_per_epoch,
-                disable=args.disable_tqdm or not self.is_world_process_zero(),
-                max_steps=self.state.max_steps,
-                updates_done=self.state.global_step,
-            )
-            bar.advance(micro_step, 0.0, self._get_learning_rate())
-
-            if length_known:
-                epoch_batches = with_empty_shares(epoch_batches, micro_batches_per_epoch - micro_step)
-            updates_before_epoch, stopped_in_window = self.state.global_step, False
-            # As stock: the epoch's end logs the grad norm and learning rate of the epoch's last update.
-            grad_norm: float | None = None
-            learning_rate: float | None = None
-            micro_batches_left = micro_batches_per_epoch - micro_step if length_known else None
-            for window, num_items_in_batch in self._windows(epoch_batches, micro_batches_left):
-                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                window_loss = self._accumulate_window(model, window, epoch_loss, bar, num_items_in_batch)
+        for index in range(start_epoch, start_epoch if finished else num_epochs):
+            # Only the first epoch of a resumed run skips micro-batches and restores the random state.
+            resumed = (micro_batches_done, resume_from_checkpoint) if index == start_epoch else (0, None)
+            epoch = self._start_epoch(train_dataloader, run, index, *resumed)
+            for window, num_items_in_batch in self._windows(epoch.batches, epoch.micro_batches_left):
+                self.control = self.callback_handler.on_step_begin(self.args, self.state, self.control)
+                window_loss = self._accumulate_window(model, window, epoch.loss, epoch.bar, num_items_in_batch)
                 if window_loss is None:
                     # A callback stopped inside the window: as stock, the window makes no update.
                     model.zero_grad(set_to_none=True)
-                    stopped_in_window = True
+                    epoch.stopped_in_window = True
                     break
-                micro_step += len(window)
-                grad_norm, learning_rate = self._update(model, window_loss)
-
-                self._run_loss.add(window_loss)
-                self._loss_since_log.add(window_loss)
-                self.state.global_step += 1
-                self.state.epoch = epoch + micro_step / epoch_micro_batches
-                bar.finish_update(epoch_loss.mean(), learning_rate)
-
-                self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-                self._log_save_evaluate(model, trial, epoch, ignore_keys_for_eval, start_time, grad_norm, learning_rate)
+                epoch.micro_step += len(window)
+                epoch.grad_norm, epoch.learning_rate = self._update(model, window_loss)
+                self._count_update(run, epoch, window_loss)
+                self.control = self.callback_handler.on_step_end(self.args, self.state, self.control)
+                self._log_save_evaluate(model, run, epoch)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break
-            bar.close()
-            ran_dry = not length_known and self.state.global_step == updates_before_epoch and not stopped_in_window
-            if ran_dry and not self.control.should_training_stop:
-                # An IterableDataset that ran dry: another pass would give nothing either.
-                logger.warning(
-                    f"the training set gave no batches in epoch {epoch + 1}; stopping at update "
-                    f"{self.state.global_step} of max_steps {self.state.max_steps}"
-                )
-                self.control.should_training_stop = True
-
-            self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
-            if stopped_in_window:
-                # Stock saves here, with the random state the abandoned window drew: a run resumed from
-                # that checkpoint would drift from an uninterrupted one. The weights are those of the last
-                # update boundary, whose checkpoint (if one was due) is exact, so no save is made here.
-                self.control.should_save = False
-            self._log_save_evaluate(model, trial, epoch, ignore_keys_for_eval, start_time, grad_norm, learning_rate)
+            self._end_epoch(model, run, epoch)
             if self.control.should_training_stop:
                 break
+        return self._finalize_training(trial, None, run.start_time)
 
-        return self._finalize_training(trial, None, start_time)
+    def _start_run(self, model: nn.Module, train_dataloader: Any, run: _Run) -> None:
+        """Reset the run's counters and loss trackers, pick the stand-in batch, then ``on_train_begin``."""
+        self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
+        self._initial_global_step = self.state.global_step
+        self._globalstep_last_logged = self.state.global_step
+        # On self, not on run: the Trainer hooks we override (_maybe_log_save_evaluate,
+        # _finalize_training) keep their stock signatures and read them here.
+        self._loss_since_log = _LossTracker()
+        self._run_loss = _LossTracker()
+        # What a rank forwards, with weight 0, for a global micro-batch in which it has no samples
+        # (an IterableDataset keeps Accelerate's padding instead, see get_train_dataloader).
+        self._stand_in = (
+            stand_in_batch(train_dataloader) if self.accelerator.num_processes > 1 and run.length_known else None
+        )
+        # What state.epoch's fraction counts: with no length, stock Trainer's stand-in of max_steps windows.
+        run.epoch_micro_batches = (
+            run.micro_batches_per_epoch
+            if run.length_known
+            else self.state.max_steps * self.args.gradient_accumulation_steps
+        )
+        model.zero_grad(set_to_none=True)
+
+        self.control = self.callback_handler.on_train_begin(self.args, self.state, self.control)
+        if self.args.eval_on_start:
+            self._evaluate(run.trial, run.ignore_keys_for_eval, skip_scheduler=True)
+
+    def _start_epoch(
+        self, train_dataloader: Any, run: _Run, index: int, micro_batches_done: int, checkpoint: str | None
+    ) -> _Epoch:
+        """The epoch's batches (past ``micro_batches_done`` when resuming inside it), its bar, ``on_epoch_begin``."""
+        batches = self._epoch_batches(train_dataloader, index)
+        if micro_batches_done > 0:
+            # Resuming inside an epoch: checkpoints sit on update boundaries, so skipping
+            # whole windows lands exactly where the interrupted run stopped.
+            batches = _started(skip_first_batches(batches, micro_batches_done))
+            # Only now: starting the iterator above drew from the global random state, as the
+            # interrupted run did at the start of the epoch, before the state it saved.
+            self._load_rng_state(checkpoint)
+        elif checkpoint is not None:
+            self._load_rng_state(checkpoint)
+
+        self.control = self.callback_handler.on_epoch_begin(self.args, self.state, self.control)
+        bar = EpochProgressBar(
+            index,
+            run.num_epochs if run.length_known else None,
+            run.micro_batches_per_epoch,
+            disable=self.args.disable_tqdm or not self.is_world_process_zero(),
+            max_steps=self.state.max_steps,
+            updates_done=self.state.global_step,
+        )
+        bar.advance(micro_batches_done, 0.0, self._get_learning_rate())
+        micro_batches_left = None
+        if run.length_known:
+            micro_batches_left = run.micro_batches_per_epoch - micro_batches_done
+            batches = with_empty_shares(batches, micro_batches_left)
+        return _Epoch(index, batches, micro_batches_done, micro_batches_left, bar, self.state.global_step)
+
+    def _count_update(self, run: _Run, epoch: _Epoch, window_loss: _LossTracker) -> None:
+        """Book one update: the loss trackers, ``global_step``, ``state.epoch`` and the bar."""
+        self._run_loss.add(window_loss)
+        self._loss_since_log.add(window_loss)
+        self.state.global_step += 1
+        self.state.epoch = epoch.index + epoch.micro_step / run.epoch_micro_batches
+        epoch.bar.finish_update(epoch.loss.mean(), epoch.learning_rate)
+
+    def _end_epoch(self, model: nn.Module, run: _Run, epoch: _Epoch) -> None:
+        """Close the bar, stop a run whose data ran dry, ``on_epoch_end``, then log, evaluate and save as asked."""
+        epoch.bar.close()
+        no_update = self.state.global_step == epoch.updates_before
+        ran_dry = not run.length_known and no_update and not epoch.stopped_in_window
+        if ran_dry and not self.control.should_training_stop:
+            # An IterableDataset that ran dry: another pass would give nothing either.
+            logger.warning(
+                f"the training set gave no batches in epoch {epoch.index + 1}; stopping at update "
+                f"{self.state.global_step} of max_steps {self.state.max_steps}"
+            )
+            self.control.should_training_stop = True
+
+        self.control = self.callback_handler.on_epoch_end(self.args, self.state, self.control)
+        if epoch.stopped_in_window:
+            # Stock saves here, with the random state the abandoned window drew: a run resumed from
+            # that checkpoint would drift from an uninterrupted one. The weights are those of the last
+            # update boundary, whose checkpoint (if one was due) is exact, so no save is made here.
+            self.control.should_save = False
+        self._log_save_evaluate(model, run, epoch)
 
     def get_batch_samples(
         self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
@@ -649,21 +670,19 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         largest = self.accelerator.reduce(torch.tensor(value, device=self.args.device), reduction="max")
         return int(largest.item())
 
-    def _log_save_evaluate(
-        self,
-        model: nn.Module,
-        trial: Any,
-        epoch: int,
-        ignore_keys_for_eval: list[str] | None,
-        start_time: float,
-        grad_norm: float | None,
-        learning_rate: float | None,
-    ) -> None:
+    def _log_save_evaluate(self, model: nn.Module, run: _Run, epoch: _Epoch) -> None:
         """Call ``_maybe_log_save_evaluate`` (after an update or at an epoch's end) with stock's arguments."""
         updates_since_log = self.state.global_step - self._globalstep_last_logged
         tr_loss = self._loss_since_log.as_stock_tr_loss(updates_since_log)
         self._maybe_log_save_evaluate(
-            tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time, learning_rate=learning_rate
+            tr_loss,
+            epoch.grad_norm,
+            model,
+            run.trial,
+            epoch.index,
+            run.ignore_keys_for_eval,
+            run.start_time,
+            learning_rate=epoch.learning_rate,
         )
 
     def _maybe_log_save_evaluate(
@@ -784,3 +803,38 @@ class _LossTracker:
         )
         totals = accelerator.reduce(totals, reduction="sum")
         return float(totals[0]), float(totals[1]), int(totals[2])
+
+
+@dataclass
+class _Run:
+    """What the loop keeps for the whole run: when it started, its epochs, and what Trainer's hooks are passed."""
+
+    start_time: float
+    num_epochs: int
+    micro_batches_per_epoch: int | None  # None: the length is unknown (an IterableDataset)
+    trial: Any
+    ignore_keys_for_eval: list[str] | None
+    # The denominator of state.epoch's fraction (set by _start_run).
+    epoch_micro_batches: int = 0
+
+    @property
+    def length_known(self) -> bool:
+        """Whether an epoch's micro-batches can be counted ahead (not for an IterableDataset)."""
+        return self.micro_batches_per_epoch is not None
+
+
+@dataclass
+class _Epoch:
+    """One epoch in the loop: its batches, how far it has gone, its loss and bar, and how it ended."""
+
+    index: int
+    batches: Iterable[Any]
+    micro_step: int  # micro-batches consumed this epoch (a resumed epoch starts past the skipped ones)
+    micro_batches_left: int | None  # at its start; None when the length is unknown
+    bar: EpochProgressBar
+    updates_before: int  # global_step at its start, to tell an IterableDataset that ran dry
+    loss: _LossTracker = field(default_factory=_LossTracker)
+    stopped_in_window: bool = False
+    # As stock: the epoch's end logs the grad norm and learning rate of the epoch's last update.
+    grad_norm: float | None = None
+    learning_rate: float | None = None

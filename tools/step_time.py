@@ -1,7 +1,7 @@
 """Time one training step (forward + backward) of the packaged MiniLM BERT, to judge a speed-up before keeping it.
 
-    python scripts/step_time.py --lengths 121 128            # does padding to a multiple of 8 pay?
-    python scripts/step_time.py --lengths 64 128 --compile   # does torch.compile pay? (prints compile time too)
+    python tools/step_time.py --lengths 121 128            # does padding to a multiple of 8 pay?
+    python tools/step_time.py --lengths 64 128 --compile   # does torch.compile pay? (prints compile time too)
 
 Micro-batch 8 of random token ids, every token real; the mean of 3 steps after one warm-up step per length.
 """

@@ -1,7 +1,7 @@
 """An int8 copy of a model for CPU prediction: ONNX export, then ONNX Runtime's dynamic quantization.
 
 The default backend of ``finetune export --int8`` is OpenVINO's static int8
-(:mod:`.openvino_export`), the faster one here (README, "Fast prediction");
+(:mod:`.openvino`), the faster one here (README, "Fast prediction");
 this one, ``--backend onnxruntime``, needs neither OpenVINO nor calibration reviews.
 
 torch 2.13 still ships ``torch.ao.quantization.quantize_dynamic``, but its
@@ -12,7 +12,7 @@ layers) to int8 per channel and quantizes activations on the fly, and runs
 them with integer matrix products. Its blockwise alternative (8-bit
 MatMulNBits, a scale per block of 32 input channels) changed far fewer
 labels but ran slower than fp32 PyTorch here, so it is not the default;
-``scripts/int8_variants.py`` compares both (README).
+the README's "Fast prediction" compares both.
 
 The folder it writes holds ``model_int8.onnx``, the model's ``config.json``
 (labels), its tokenizer and the run's ``finetune_run.json``, so
@@ -25,11 +25,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
-import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +34,9 @@ import numpy as np
 
 from ..config.output_files import write_output_text
 from ..errors import FinetuneError
+from .common import EXPORT_RECORD, quiet_loggers
 
 ONNX_FILE = "model_int8.onnx"
-EXPORT_RECORD = "export.json"
 _INSTALL_HINT = "finetune export --int8 needs ONNX Runtime; install it with: pip install 'finetune[export]'"
 
 
@@ -50,12 +47,6 @@ def require_onnx_runtime() -> None:
     missing = [name for name in ("onnxruntime", "onnx", "onnxscript") if importlib.util.find_spec(name) is None]
     if missing:
         raise FinetuneError(f"{_INSTALL_HINT} (missing: {', '.join(missing)})")
-
-
-def read_export_record(folder: Path) -> dict[str, Any]:
-    """The ``export.json`` of an int8 export (how it was made), or {} for a folder without one."""
-    path = folder / EXPORT_RECORD
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def is_onnx_folder(folder: Path) -> bool:
@@ -80,12 +71,8 @@ def export_int8(
     tokenizer: Any,
     output_dir: Path,
     source: str,
-    quantize: Callable[[Path, Path], None] | None = None,
 ) -> Path:
-    """Export ``model`` to ONNX, quantize it into ``output_dir``, with its config and tokenizer.
-
-    ``quantize(fp32_onnx, int8_onnx)`` replaces the shipped :func:`quantize_per_channel` (to compare others).
-    """
+    """Export ``model`` to ONNX, quantize it into ``output_dir``, with its config and tokenizer."""
     require_onnx_runtime()
     import torch
 
@@ -116,36 +103,18 @@ def export_int8(
             optimize=True,
             verbose=False,
         )
-        (quantize or quantize_per_channel)(fp32_path, output_dir / ONNX_FILE)
+        quantize_per_channel(fp32_path, output_dir / ONNX_FILE)
     model.config.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     record = {
         "source": source,
         "format": "ONNX",
         "backend": "onnxruntime",
-        "quantization": (
-            "ONNX Runtime quantize_dynamic: int8 weights (QInt8, per channel), activations at run time"
-            if quantize is None
-            else f"custom: {getattr(quantize, '__name__', repr(quantize))}"
-        ),
+        "quantization": "ONNX Runtime quantize_dynamic: int8 weights (QInt8, per channel), activations at run time",
         "onnx_file": ONNX_FILE,
     }
     write_output_text(output_dir / EXPORT_RECORD, json.dumps(record, indent=2) + "\n")
     return output_dir / ONNX_FILE
-
-
-@contextlib.contextmanager
-def quiet_loggers(*names: str) -> Iterator[None]:
-    """Raise the named loggers to ERROR for the block ('' is the root logger), then restore their levels."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
 
 
 class OnnxClassifier:
@@ -170,13 +139,3 @@ class OnnxClassifier:
         """Logits for one padded batch (tensors or arrays keyed by input name)."""
         feed = {name: np.asarray(batch[name], dtype=np.int64) for name in self.input_names}
         return self.session.run(["logits"], feed)[0]
-
-
-def copy_run_record(model_dir: Path, output_dir: Path) -> None:
-    """Copy the run's ``finetune_run.json`` (columns, cleaning, max_length) so predict reads reviews as trained."""
-    from ..training.runs import RUN_CONFIG
-
-    for folder in (model_dir, model_dir.parent):
-        if (folder / RUN_CONFIG).is_file():
-            shutil.copy2(folder / RUN_CONFIG, output_dir / RUN_CONFIG)
-            return

@@ -1,6 +1,6 @@
 """Int8 for fast CPU prediction: OpenVINO runs the model, NNCF quantizes it.
 
-ONNX Runtime's dynamic int8 (:mod:`.export`) measures each batch's activations
+ONNX Runtime's dynamic int8 (:mod:`.onnxruntime`) measures each batch's activations
 at run time and ran only 1.1-1.3x as fast as fp32 PyTorch on 2 cores here.
 Static int8 (the default) measures the activations' ranges once, on a few
 hundred calibration reviews, so the matrix products run in integers with no
@@ -37,7 +37,7 @@ import numpy as np
 from ..config.output_files import write_output_text
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
 from ..errors import FinetuneError
-from .export import EXPORT_RECORD, quiet_loggers, read_export_record
+from .common import EXPORT_RECORD, quiet_loggers, read_export_record
 
 OPENVINO_FILE = "openvino_model.xml"
 CALIBRATION_SEED = 0

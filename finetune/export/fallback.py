@@ -22,7 +22,7 @@ import numpy as np
 
 from ..config.output_files import write_output_text
 from ..errors import FinetuneError
-from .export import EXPORT_RECORD, read_export_record
+from .common import EXPORT_RECORD, read_export_record
 
 FALLBACK_FOLDER = "fp32"
 # The margin finetune bench's fallback row uses, and the one the README suggests.

@@ -1,0 +1,257 @@
+"""Bad input, recipe and flags: a missing recipe, broken YAML, unknown keys, values out of range, flags that conflict.
+
+Each is refused in one line naming the fix, exit status 2, with nothing on disk touched.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from finetune.errors import FinetuneError
+
+from .common import GOOD_ROWS, PROJECT, recipe_with, run_cli, snapshot, write_csv
+
+
+def test_missing_recipe(capsys):
+    assert "recipe not found: missing.yaml" in run_cli(["train", "missing.yaml"], capsys)
+
+
+def test_broken_yaml(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("learning_rate: [3e-5\n")
+    assert "is not valid YAML at line" in run_cli(["train", recipe], capsys)
+
+
+def test_unknown_key(tmp_path, tiny_model_dir, capsys):
+    message = run_cli(["train", recipe_with(tmp_path, tiny_model_dir, num_train_epoch=3)], capsys)
+    assert "unknown key 'num_train_epoch'" in message and "did you mean 'num_train_epochs'?" in message
+
+
+def test_zero_accumulation_steps(tmp_path, tiny_model_dir, capsys):
+    message = run_cli(["train", recipe_with(tmp_path, tiny_model_dir, gradient_accumulation_steps=0)], capsys)
+    assert message == (
+        "error: gradient_accumulation_steps must be >= 1 (got 0); "
+        "set it in the recipe or pass --gradient_accumulation_steps 4"
+    )
+
+
+@pytest.mark.parametrize("argv", [["train", "missing.yaml"], ["evaluate", "/nonexistent/run"]])
+def test_real_process_exits_2_without_traceback(argv):
+    result = subprocess.run(
+        [sys.executable, "-m", "finetune", *argv], capture_output=True, text=True, cwd=PROJECT, timeout=120
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("error: ")
+
+
+@pytest.mark.parametrize(
+    ("fields", "flags", "message"),
+    [
+        (
+            {"learning_rate": "nan"},
+            [],
+            "learning_rate must be a finite number >= 0 (got nan); set it in the recipe or pass --learning_rate 5e-5",
+        ),
+        (
+            {},
+            ["--learning_rate", "-5e-5"],
+            "learning_rate must be a finite number >= 0 (got -5e-05); set it in the recipe "
+            "or pass --learning_rate 5e-5",
+        ),
+        (
+            {"learning_rate": "[1e-4, 2e-4]"},
+            [],
+            "learning_rate takes one value, not a list (1e-4 2e-4); give it one, e.g. --learning_rate 1e-4",
+        ),
+        (
+            {"per_device_train_batch_size": 0},
+            [],
+            "per_device_train_batch_size must be >= 1 (got 0); set it in the recipe or pass "
+            "--per_device_train_batch_size 8",
+        ),
+        (
+            {"per_device_eval_batch_size": 0},
+            [],
+            "per_device_eval_batch_size must be >= 1 (got 0); set it in the recipe or pass "
+            "--per_device_eval_batch_size 8",
+        ),
+        (
+            {"num_train_epochs": 0},
+            [],
+            "num_train_epochs must be > 0 (got 0.0); pass --num_train_epochs 3, or --max_steps N to count updates "
+            "instead",
+        ),
+        (
+            {"adam_epsilon": 0},
+            [],
+            "adam_epsilon must be a finite number > 0 (got 0.0); set it in the recipe or pass --adam_epsilon 1e-8",
+        ),
+        (
+            {},
+            ["--n_accumulate", "2", "--gradient_accumulation_steps", "4"],
+            "the flags set both --n_accumulate and --gradient_accumulation_steps; keep one of them",
+        ),
+        ({"output_dir": "''"}, [], "output_dir is empty; set output_dir in the recipe or pass --output_dir runs/NAME"),
+        (
+            {"max_length": 1024},
+            [],
+            "is more than the 128 positions model '{model}' can read; set max_length to 128 or less",
+        ),
+        ({}, ["--folds", "1"], "--folds must be >= 2 (got 1); e.g. --folds 5"),
+        (
+            {},
+            ["--folds", "3", "--seeds", "2"],
+            "--seeds and --folds cannot be combined; cross-validate with --folds, then --seeds",
+        ),
+        (
+            {"cross_validation_fold": 1},
+            [],
+            "cross_validation_folds and cross_validation_fold go together; set both, "
+            "or run every fold with 'finetune train RECIPE --folds 5'",
+        ),
+        (
+            {"cross_validation_folds": 5, "cross_validation_fold": 5},
+            [],
+            "cross_validation_fold must be between 0 and 4 (got 5) for 5 folds",
+        ),
+        # Each was once a traceback: numpy's seeding, and torch's loss at the first batch.
+        ({"seed": -1}, [], "seed must be a whole number from 0 to 4294967295 (got -1); pass --seed 42"),
+        ({}, ["--data_seed", "-1"], "data_seed must be a whole number from 0 to 4294967295 (got -1)"),
+        (
+            {"seed": 4294967295},
+            ["--seeds", "2"],
+            "--seeds 2 from seed 4294967295 passes the largest seed, 4294967295; pass a smaller --seed",
+        ),
+        (
+            {"label_smoothing_factor": 1.5},
+            [],
+            "label_smoothing_factor must be in [0, 1) (got 1.5); try 0.1, or 0 for none",
+        ),
+    ],
+    ids=[
+        "lr-nan",
+        "lr-negative-flag",
+        "lr-list",
+        "train-batch-0",
+        "eval-batch-0",
+        "epochs-0",
+        "adam-epsilon-0",
+        "both-spellings-of-n",
+        "output-dir-empty",
+        "max-length-past-positions",
+        "folds-1",
+        "folds-and-seeds",
+        "fold-without-folds",
+        "fold-out-of-range",
+        "seed-negative",
+        "data-seed-negative",
+        "seeds-past-the-largest",
+        "label-smoothing-past-1",
+    ],
+)
+def test_recipe_values_refused_before_anything_is_read(tmp_path, tiny_model_dir, capsys, fields, flags, message):
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    error = run_cli(["train", recipe_with(tmp_path, tiny_model_dir, **fields), *flags], capsys)
+    assert message.format(model=tiny_model_dir) in error
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("learning_rate: 1e-4\nlearning_rate: 2e-4\n".encode("utf-16"), "is UTF-16 text; save it as UTF-8"),
+        (
+            "# café\nlearning_rate: 1e-4\n".encode("latin-1"),
+            "is not UTF-8 (byte 0xe9 at offset 5, likely Latin-1 or Windows-1252); save it as UTF-8",
+        ),
+        (bytes(range(256)) * 4, "is binary data, not text; check that the path names the right file"),
+        (b"learning_rate: 1e-4\nseed: 1\nlearning_rate: 2e-4\n", "sets 'learning_rate' twice (lines 1 and 3)"),
+    ],
+    ids=["utf-16", "latin-1", "binary", "duplicate-key"],
+)
+def test_recipe_file_that_is_not_one(tmp_path, capsys, content, message):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_bytes(content)
+    assert f"recipe {recipe} {message}" in run_cli(["train", recipe], capsys)
+
+
+def test_seeds_with_a_checkpoint_path_is_refused(tmp_path, tiny_model_dir, capsys):
+    # The path was dropped without a word and every seed trained from the beginning.
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    flags = ["--seeds", "2", "--resume_from_checkpoint", str(tmp_path / "elsewhere" / "checkpoint-9")]
+    assert run_cli(["train", recipe_with(tmp_path, tiny_model_dir), *flags], capsys) == (
+        f"error: with --seeds each seed goes on from its own folder, so resume_from_checkpoint takes only auto "
+        f"(got {tmp_path / 'elsewhere' / 'checkpoint-9'}); pass --resume_from_checkpoint auto, or train that one "
+        "run without --seeds"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_seeds_refuse_a_later_folder_before_training_or_deleting(
+    tmp_path, tiny_model_dir, capsys, monkeypatch, overwrite
+):
+    # A later seed's folder that train() refuses (here a file) was found only after the earlier seeds
+    # trained; with --overwrite_output_dir the earlier seeds.json was deleted first.
+    import finetune.commands.train as train_module
+
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    runs = tmp_path / "run"
+    runs.mkdir()
+    if overwrite:
+        (runs / "seeds.json").write_text('{"earlier": true}\n', encoding="utf-8")
+    (runs / "seed-43").write_text("not a run\n", encoding="utf-8")
+    before = snapshot(runs)
+    trained = []
+    monkeypatch.setattr(train_module, "train", lambda recipe, flags: trained.append(flags) or {})
+    flags = ["--seeds", "2", *(["--overwrite_output_dir"] if overwrite else [])]
+    assert run_cli(["train", recipe_with(tmp_path, tiny_model_dir), *flags], capsys) == (
+        f"error: output_dir {runs / 'seed-43'} is a file, not a folder; choose another --output_dir"
+    )
+    assert trained == [] and snapshot(runs) == before
+
+
+@pytest.mark.parametrize(
+    ("class_weights", "message"),
+    [
+        ("balanced", r"class_weights must be a list of numbers, one per class \(got 'balanced'\); for a strategy"),
+        ([1.0, 1.0], r"class_weights has 2 weights and the model 3 classes; give one weight per class"),
+        ([1.0, 1.0, 1.0, 1.0], r"class_weights has 4 weights and the model 3 classes"),
+        ([[1.0, 1.0, 1.0]], r"class_weights must be a flat list of numbers, one per class"),
+        ([0.0, 0.0, 0.0], r"class_weights must be finite numbers >= 0, not all 0 \(got \[0.0, 0.0, 0.0\]\)"),
+        ([float("nan"), 1.0, 1.0], r"class_weights must be finite numbers >= 0, not all 0 \(got \[nan, 1.0, 1.0\]\)"),
+        ([-1.0, 1.0, 1.0], r"class_weights must be finite numbers >= 0"),
+    ],
+    ids=["a-strategy-name", "too-few", "too-many", "nested", "all-zero", "nan", "negative"],
+)
+def test_class_weights_from_python_are_checked_when_the_trainer_is_built(
+    tmp_path, tiny_model_dir, tokenizer, class_weights, message
+):
+    # They failed only inside train() (IndexError, torch's shape error, ZeroDivisionError) or trained in silence.
+    from helpers import quiet_args, review_dataset
+    from transformers import BertForSequenceClassification
+
+    from finetune import ReviewTrainer
+
+    with pytest.raises(FinetuneError, match=message):
+        ReviewTrainer(
+            model=BertForSequenceClassification.from_pretrained(tiny_model_dir),
+            args=quiet_args(tmp_path),
+            train_dataset=review_dataset(tokenizer, 4),
+            class_weights=class_weights,
+        )
+
+
+@pytest.mark.parametrize("flags", [["--cross_validation_folds", "3"], ["--cross_validation_fold", "1"]])
+def test_folds_with_its_own_fold_flags_says_they_conflict(tmp_path, tiny_model_dir, capsys, flags):
+    # Once silently overridden by --folds; then refused with advice to pass --folds, which was passed.
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    assert run_cli(["train", recipe_with(tmp_path, tiny_model_dir), "--folds", "2", *flags], capsys) == (
+        "error: --folds 2 runs every fold itself, so cross_validation_folds and cross_validation_fold must not "
+        "be set too; drop them, or leave out --folds to train one fold"
+    )
+    assert not (tmp_path / "run").exists()
