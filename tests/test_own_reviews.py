@@ -64,3 +64,32 @@ def test_flags_given_win_over_the_defaults(tmp_path, capsys):
     assert main(argv) == 2
     assert "gradient_accumulation_steps must be >= 1 (got 0)" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("rows", "flags", "message"),
+    [
+        ("review,stars\ngood,5\nbad,1\n", ["--text_column", "review"], "no column 'label' (columns: review, stars)"),
+        (
+            "review,stars\ngood,5\nbad,1\n",
+            ["--text_column", "review", "--label_column", "rating"],
+            "has no column 'rating' (columns: review, stars)",
+        ),
+        (
+            "review,stars\ngood,5\nfine,5\n",
+            ["--text_column", "review", "--label_column", "stars"],
+            "every label in 'stars' is 5, and a classifier needs at least 2 classes",
+        ),
+        ("", ["--text_column", "review", "--label_column", "stars"], "is empty (0 bytes)"),
+    ],
+    ids=["no-label-column-named", "label-column-missing", "one-class", "empty-file"],
+)
+def test_bad_own_data_is_one_line(tmp_path, capsys, rows, flags, message):
+    data = tmp_path / "mine.csv"
+    data.write_text(rows, encoding="utf-8")
+    assert main(["train", "--train_file", str(data), *flags, "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last.startswith("error: ") and message in last
+    assert not (tmp_path / "out").exists()

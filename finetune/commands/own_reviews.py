@@ -136,6 +136,11 @@ def _rating_values(flags: list[str]) -> list[int] | None:
     if column not in table.column_names:
         return None
     values = {value for value in table[column] if value is not None and str(value).strip() != ""}
+    if len(values) == 1:
+        raise FinetuneError(
+            f"{train_file}: every label in '{column}' is {next(iter(values))!r}, and a classifier needs at least "
+            "2 classes; check --label_column, or add reviews of the other classes"
+        )
     try:
         numbers = {float(value) for value in values}
     except (TypeError, ValueError):
