@@ -308,7 +308,7 @@ def test_evaluate_refuses_a_run_still_training(tmp_path, tiny_model_dir, capsys)
 
 _KILLED_EXPORT = """
 import os, signal, sys
-import finetune.evaluation.export as export_module
+import finetune.export.common as export_module
 from finetune.cli import main
 
 # Killed once the model files are written, before the run record: what a kill -9 part-way leaves.

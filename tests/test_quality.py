@@ -499,11 +499,12 @@ def test_a_recipe_seed_is_not_read_as_seeds():
     from finetune.cli import build_cli
 
     options, extra = build_cli().parse_known_args(["train", "recipes/drugscom.yaml", "--seed", "43"])
+    # The recipe travels with the flags: the first word that is not a flag is it (see cli._train).
     assert options.seeds is None
-    assert extra == ["--seed", "43"]
+    assert extra == ["recipes/drugscom.yaml", "--seed", "43"]
     options, extra = build_cli().parse_known_args(["train", "recipes/drugscom.yaml", "--seeds", "3", "--seed", "7"])
     assert options.seeds == 3
-    assert extra == ["--seed", "7"]
+    assert extra == ["recipes/drugscom.yaml", "--seed", "7"]
 
 
 def test_training_with_sliding_window_scores_the_test_split_in_windows(tmp_path, tiny_model_dir):
