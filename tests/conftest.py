@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +56,25 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
 def tiny_dropout_model_dir(tmp_path_factory, tokenizer):
     """The same tiny BERT with BERT's usual dropout (0.1), for tests where the random state matters."""
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-dropout"), tokenizer, dropout=0.1)
+
+
+# Session-wide: resuming, faults and evaluate tests all start from copies of this one run.
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, tiny_model_dir):
+    """A finished 2-update run with checkpoint-1 and checkpoint-2 (each test works on a copy)."""
+    from bad_input.common import run_recipe
+
+    from finetune.cli import main
+
+    folder = tmp_path_factory.mktemp("finished")
+    assert main(["train", str(run_recipe(folder, tiny_model_dir))]) == 0
+    return folder
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    """A copy of ``finished_run``'s folder (recipe, data and run) in ``tmp_path``."""
+    shutil.copytree(finished_run, tmp_path, dirs_exist_ok=True)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace(str(finished_run), str(tmp_path)), encoding="utf-8")
+    return tmp_path

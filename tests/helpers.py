@@ -82,6 +82,15 @@ def sgd_args(output_dir, micro_batch: int, accumulation_steps: int, epochs: int 
     return quiet_args(output_dir, **values)
 
 
+def sgd_step(parameters: list[torch.nn.Parameter], loss: torch.Tensor) -> None:
+    """One explicit SGD(lr=1) step: subtract ``loss``'s gradient from ``parameters`` (the references' update)."""
+    gradients = torch.autograd.grad(loss, parameters, allow_unused=True)
+    with torch.no_grad():
+        for parameter, gradient in zip(parameters, gradients):
+            if gradient is not None:
+                parameter -= gradient
+
+
 def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
     """All parameters as one vector (a copy, on the CPU)."""
     return torch.cat([parameter.detach().flatten().cpu().clone() for parameter in model.parameters()])

@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from helpers import flat_parameters, review_dataset, sgd_args
+from helpers import flat_parameters, review_dataset, sgd_args, sgd_step
 from test_exactness import assert_matches_reference
 from transformers import BertForSequenceClassification, DataCollatorWithPadding
 
@@ -64,11 +64,7 @@ def reference_steps(model, dataset, collator, window_samples, alpha, temperature
         teacher = batch.pop(TEACHER_COLUMN)
         labels = batch.pop("labels")
         loss = reference_loss(model(**batch).logits, teacher, labels, alpha, temperature, class_weights)
-        gradients = torch.autograd.grad(loss, parameters, allow_unused=True)
-        with torch.no_grad():
-            for parameter, gradient in zip(parameters, gradients):
-                if gradient is not None:
-                    parameter -= gradient
+        sgd_step(parameters, loss)
     return flat_parameters(model)
 
 

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import flat_parameters, review_dataset, sgd_args
+from helpers import flat_parameters, review_dataset, sgd_args, sgd_step
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer, TrainerCallback
@@ -53,11 +53,7 @@ def reference_full_batch_steps(
             else:
                 labels = batch.pop("labels")
                 loss = torch.nn.functional.cross_entropy(model(**batch).logits, labels, weight=class_weights)
-            gradients = torch.autograd.grad(loss, parameters, allow_unused=True)
-            with torch.no_grad():
-                for parameter, gradient in zip(parameters, gradients):
-                    if gradient is not None:
-                        parameter -= gradient
+            sgd_step(parameters, loss)
     return flat_parameters(model)
 
 

@@ -23,65 +23,27 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from bad_input.common import run_recipe
 
 from finetune.cli import main
 from finetune.errors import FinetuneError
 
 PROJECT = Path(__file__).parent.parent
 CLASSES = ["negative", "neutral", "positive"]
-TRAIN_ROWS = "review,stars\n" + "".join(
-    f"review {index} was {word},{stars}\n"
-    for index, (word, stars) in enumerate(
-        [("great", 5), ("awful", 1), ("fine", 3), ("lovely", 4), ("bad", 2), ("okay", 3)] * 5
-    )
-)
 SCORED_ROWS = "review,stars\ngreat,5\nawful,1\nfine,3\n"
 
 
-def write_recipe(folder: Path, model_dir: Path, **fields: str) -> Path:
-    """A recipe for 2 updates of 4 reviews, a checkpoint after each, on 30 reviews of ``folder/train.csv``."""
-    (folder / "train.csv").write_text(TRAIN_ROWS, encoding="utf-8")
-    values = {
-        "model_name_or_path": str(model_dir),
-        "train_file": str(folder / "train.csv"),
-        "text_column": "review",
-        "label_column": "stars",
-        "label_bins": "negative=1-2,neutral=3,positive=4-5",
-        "max_length": 32,
-        "output_dir": str(folder / "run"),
-        "per_device_train_batch_size": 4,
-        "max_steps": 2,
-        "save_strategy": "steps",
-        "save_steps": 1,
-        "eval_strategy": "no",
-        "logging_strategy": "no",
-        "baseline": "false",
-        "disable_tqdm": "true",
-        "report_to": "none",
-        "use_cpu": "true",
-    }
-    values.update(fields)
-    path = folder / "recipe.yaml"
-    path.write_text("".join(f"{key}: {value}\n" for key, value in values.items()), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_model_dir) -> Path:
-    """A finished 2-update run (checkpoint-1, checkpoint-2, final model); each test works on a copy."""
-    folder = tmp_path_factory.mktemp("trained")
-    assert main(["train", str(write_recipe(folder, tiny_model_dir))]) == 0
-    (folder / "scored.csv").write_text(SCORED_ROWS, encoding="utf-8")
-    return folder
+@pytest.fixture
+def trained(finished_run) -> Path:
+    """The shared finished 2-update run (tests/conftest.py); tests that change it use ``copy``."""
+    return finished_run
 
 
 @pytest.fixture
-def copy(trained, tmp_path) -> Path:
-    """A copy of ``trained`` (recipe, data and run) in ``tmp_path``, its recipe pointing at the copy."""
-    shutil.copytree(trained, tmp_path, dirs_exist_ok=True)
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(recipe.read_text().replace(str(trained), str(tmp_path)), encoding="utf-8")
-    return tmp_path
+def copy(run_copy) -> Path:
+    """A copy of the finished run in ``tmp_path``, with reviews to score beside it."""
+    (run_copy / "scored.csv").write_text(SCORED_ROWS, encoding="utf-8")
+    return run_copy
 
 
 def run_cli(argv: list, capsys) -> str:
@@ -303,7 +265,7 @@ def test_calibrating_records_the_new_fingerprint_and_keeps_the_run_finished(copy
 def test_the_label_column_as_the_text_is_refused_before_anything_is_written(
     tmp_path, tiny_model_dir, capsys, option, fix
 ):
-    recipe = write_recipe(tmp_path, tiny_model_dir, **{option: "stars"})
+    recipe = run_recipe(tmp_path, tiny_model_dir, **{option: "stars"})
     error = run_cli(["train", recipe], capsys)
     holding = "texts" if option == "text_column" else "titles"
     assert error == (

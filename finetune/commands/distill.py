@@ -12,6 +12,7 @@ report, and the model card names teacher and student with both scores.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -79,6 +80,7 @@ class TeacherRun:
                 "distill into the same classes in the same order (set class_names or label_bins to match)"
             )
 
+    @functools.cached_property
     def fingerprint(self) -> str:
         """SHA-256 of the teacher's config and weights: the soft labels depend on nothing else of it."""
         digest = hashlib.sha256()
@@ -98,7 +100,7 @@ class TeacherRun:
 
         encoding = ReviewEncoding.from_fields(self.encoding_fields)
         key = hashlib.sha256(
-            json.dumps({"teacher": self.fingerprint(), "encoding": encoding.__dict__, "texts": texts}).encode()
+            json.dumps({"teacher": self.fingerprint, "encoding": encoding.__dict__, "texts": texts}).encode()
         ).hexdigest()[:32]
         cached = cache_dir / f"{key}.npy" if cache_dir is not None else None
         if cached is not None and cached.is_file():
@@ -167,7 +169,7 @@ class Distillation:
             "distillation": {
                 "teacher": str(self.teacher.folder),
                 "teacher_base_model": self.teacher.base_model,
-                "teacher_fingerprint": self.teacher.fingerprint(),
+                "teacher_fingerprint": self.teacher.fingerprint,
                 "teacher_test": self.teacher.test_scores,
                 "alpha": alpha,
                 "temperature": temperature,
