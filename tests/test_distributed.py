@@ -201,6 +201,18 @@ LAUNCHERS = {
 }
 
 
+def recording_writes(tmp_path: Path, run_dir: Path) -> tuple[Path, dict[str, str]]:
+    """A hooks folder whose sitecustomize records every process's writes under ``run_dir``, and its environment."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(textwrap.dedent(RECORD_WRITES), encoding="utf-8")
+    return hooks, {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
+        "RECORD_WRITES_UNDER": str(run_dir),
+        "RECORD_WRITES_TO": str(hooks),
+    }
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -213,14 +225,7 @@ def test_launched_train_writes_from_rank_0_only(tmp_path, tiny_model_dir, launch
     """``torchrun ... -m finetune train`` and ``accelerate launch ... -m finetune train``, unchanged."""
     run_dir = tmp_path / "run"
     recipe = tiny_recipe(tmp_path, tiny_model_dir, run_dir)
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(textwrap.dedent(RECORD_WRITES), encoding="utf-8")
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
-        "RECORD_WRITES_UNDER": str(run_dir),
-        "RECORD_WRITES_TO": str(hooks),
-    }
+    hooks, env = recording_writes(tmp_path, run_dir)
     command = LAUNCHERS[launcher]
     if launcher == "accelerate":
         command = [*command, "--main_process_port", str(free_port())]

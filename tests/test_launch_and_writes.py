@@ -289,18 +289,11 @@ def test_output_file_through_a_link_replaces_the_file_it_names(tmp_path):
 @pytest.mark.slow
 def test_launched_seeds_summary_is_written_and_printed_by_rank_0_only(tmp_path, tiny_model_dir):
     # Every process once wrote seeds.json and seeds.md into the same folder and printed the table.
-    from test_distributed import RECORD_WRITES
+    from test_distributed import recording_writes
 
     run_dir = tmp_path / "run"
     recipe = tiny_recipe(tmp_path, tiny_model_dir, run_dir, num_train_epochs=1, baseline="false")
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(textwrap.dedent(RECORD_WRITES), encoding="utf-8")
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
-        "RECORD_WRITES_UNDER": str(run_dir),
-        "RECORD_WRITES_TO": str(hooks),
-    }
+    hooks, env = recording_writes(tmp_path, run_dir)
     command = [*LAUNCHERS["torchrun"], "-m", "finetune", "train", str(recipe), "--seeds", "1"]
     done = launched(command, cwd=tmp_path, env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
