@@ -12,6 +12,7 @@
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
 | ``export MODEL --int8 [--output DIR] [--backend B] [--fp32_fallback M]`` | :func:`finetune.commands.export.export` |
+| ``serve MODEL [--host H] [--port N] [--token T] [--max_reviews N] ...`` | :func:`finetune.commands.serve.serve` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
@@ -151,6 +152,23 @@ def _export(options: argparse.Namespace, extra: list[str]) -> None:
     )
 
 
+def _serve(options: argparse.Namespace, extra: list[str]) -> None:
+    from .commands.serve import serve
+
+    serve(
+        options.model,
+        host=options.host,
+        port=options.port,
+        token=options.token,
+        max_body_bytes=options.max_body_bytes,
+        max_reviews=options.max_reviews,
+        max_review_chars=options.max_review_chars,
+        max_batch_size=options.max_batch_size,
+        max_wait_ms=options.max_wait_ms,
+        access_log=options.access_log,
+    )
+
+
 def _bench(options: argparse.Namespace, extra: list[str]) -> None:
     from .commands.bench import bench
 
@@ -220,6 +238,17 @@ def seed_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
+    return value
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535 (got {value})")
     return value
 
 
@@ -361,6 +390,40 @@ def build_cli() -> argparse.ArgumentParser:
         "within MARGIN (e.g. 0.1): labels closer to fp32's, a little slower",
     )
     export.set_defaults(handler=_export)
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model over HTTP (/predict, /explain, a page at /); needs: pip install 'finetune[serve]'",
+    )
+    serve.add_argument("model", help="a run folder, a checkpoint or an int8 export folder")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1: this machine only)"
+    )
+    serve.add_argument("--port", type=port_number, default=8000, help="the port (default: 8000; 0: any free port)")
+    serve.add_argument(
+        "--token", help="require 'Authorization: Bearer TOKEN' (default: $FINETUNE_SERVE_TOKEN; none if unset)"
+    )
+    serve.add_argument(
+        "--max_body_bytes", type=positive_int, default=1_000_000, help="largest request body (default: 1000000)"
+    )
+    serve.add_argument("--max_reviews", type=positive_int, default=256, help="most reviews a request (default: 256)")
+    serve.add_argument(
+        "--max_review_chars", type=positive_int, default=20_000, help="longest review in characters (default: 20000)"
+    )
+    serve.add_argument(
+        "--max_batch_size",
+        type=positive_int,
+        default=64,
+        help="most reviews of concurrent requests scored in one model call (default: 64)",
+    )
+    serve.add_argument(
+        "--max_wait_ms",
+        type=float,
+        default=5.0,
+        help="how long a request waits for others to share its model call (default: 5)",
+    )
+    serve.add_argument("--access_log", action="store_true", help="log every request on stderr")
+    serve.set_defaults(handler=_serve)
 
     bench = commands.add_parser(
         "bench",
