@@ -278,3 +278,17 @@ def test_serve_refuses_a_folder_without_a_model_and_a_taken_port(tmp_path, run_d
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert main(["serve", str(run_dir), "--token", " "]) == 2
     assert "the token is empty" in capsys.readouterr().err
+
+
+def test_the_page_ships_in_the_wheel():
+    import fnmatch
+
+    from helpers import PROJECT
+
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11's TOML reader")
+
+    patterns = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["finetune"]
+    package = PROJECT / "finetune"
+    assets = [path.relative_to(package).as_posix() for path in (package / "serve" / "static").iterdir()]
+    assert {"index.html", "app.js", "style.css"} <= {Path(asset).name for asset in assets}
+    assert all(any(fnmatch.fnmatch(asset, pattern) for pattern in patterns) for asset in assets), patterns
