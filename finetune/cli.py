@@ -166,6 +166,7 @@ def _serve(options: argparse.Namespace, extra: list[str]) -> None:
         max_batch_size=options.max_batch_size,
         max_wait_ms=options.max_wait_ms,
         access_log=options.access_log,
+        threads=options.threads,
     )
 
 
@@ -421,6 +422,9 @@ def build_cli() -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="how long a request waits for others to share its model call (default: 5)",
+    )
+    serve.add_argument(
+        "--threads", type=positive_int, help="torch threads for the model (default: one per core; 1 on a busy machine)"
     )
     serve.add_argument("--access_log", action="store_true", help="log every request on stderr")
     serve.set_defaults(handler=_serve)

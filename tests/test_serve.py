@@ -44,7 +44,7 @@ def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
 def server(run_dir, tmp_path_factory):
     """A server on the tiny run that needs a token, given by the environment variable."""
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    process = ServerProcess(run_dir, log, env={"FINETUNE_SERVE_TOKEN": TOKEN})
+    process = ServerProcess(run_dir, log, "--threads", "1", env={"FINETUNE_SERVE_TOKEN": TOKEN})
     yield process
     assert process.stop() == 0, log.read_text()
 
@@ -81,6 +81,7 @@ def test_info_tells_classes_base_model_and_test_scores(server, run_dir, tiny_mod
     assert info["test"]["accuracy"] == metrics["test"]["accuracy"]
     assert info["test"]["macro_f1"] == metrics["test"]["macro_f1"]
     assert info["limits"] == {"max_body_bytes": 1_000_000, "max_reviews": 256, "max_review_chars": 20_000}
+    assert info["threads"] == 1  # --threads 1
 
 
 def test_page_schema_and_health_need_no_token(server):

@@ -44,10 +44,18 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=222, help="requests in each of the two runs")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
     parser.add_argument("--reviews_per_request", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="torch threads, for finetune serve and the predict figure alike")
     parser.add_argument("--serve_flags", default="", help="more flags for finetune serve, e.g. '--max_wait_ms 2'")
     options = parser.parse_args()
 
+    import torch
+
     from finetune.commands.predict import read_model_inputs
+
+    serve_flags = options.serve_flags.split()
+    if options.threads:
+        torch.set_num_threads(options.threads)
+        serve_flags += ["--threads", str(options.threads)]
 
     reviews = [text for text in read_model_inputs(Path(options.run), options.input) if text]
     size = options.reviews_per_request
@@ -57,6 +65,7 @@ def main() -> None:
         "input": options.input,
         "requests": options.requests,
         "reviews_per_request": size,
+        "threads": torch.get_num_threads(),
     }
 
     # finetune predict's scoring of the same reviews, model loaded once.
@@ -64,7 +73,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "serve.log"
-        server, port = _start(options.run, log, options.serve_flags.split())
+        server, port = _start(options.run, log, serve_flags)
         try:
             _send_all(port, bodies[:8], clients=1)  # warm-up: first calls are slower
             figures["one_at_a_time"] = _send_all(port, bodies, clients=1)

@@ -31,13 +31,14 @@ def serve(
     max_batch_size: int = 64,
     max_wait_ms: float = 5.0,
     access_log: bool = False,
+    threads: int | None = None,
 ) -> None:
     """Serve the model in ``model_path`` (a run, checkpoint or int8 export folder) until SIGTERM or Ctrl-C.
 
     ``token`` (default: ``$FINETUNE_SERVE_TOKEN``) makes ``/predict``,
     ``/explain`` and ``/info`` answer only requests with ``Authorization:
     Bearer TOKEN``. ``port`` 0 takes a free port; the address is printed
-    on stderr either way.
+    on stderr either way. ``threads`` sets torch's threads (default: one per core).
     """
     try:
         import uvicorn
@@ -58,6 +59,12 @@ def serve(
         raise FinetuneError(f"--max_body_bytes must be >= 1 (got {max_body_bytes})")
     listener = _listen(host, port)
 
+    if threads is not None:
+        import torch
+
+        # On a machine busy with other work, one thread can be several times faster for the few reviews
+        # of a request: torch's threads wait on each other at every operation (docs/serve.md).
+        torch.set_num_threads(threads)
     served = load_served_model(model_path)
     app = create_app(
         served,

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
@@ -187,6 +188,7 @@ def create_app(
             "explain": served.why_not_explainable is None,
             "limits": asdict(limits),
             "batching": asdict(batching),
+            "threads": torch.get_num_threads(),
             "served": {
                 route: {
                     "model_calls": batcher.model_calls,

@@ -82,8 +82,10 @@ class ServedModel:
         problem = self.why_not_explainable
         if problem:
             raise FinetuneError(problem)
+        # The loaded model itself, an export's fallback wrapper included: the labels explained are the ones
+        # /predict gives, and explain_reviews takes the gradients of the fp32 model inside it.
         return explain_reviews(
-            self.explainable,
+            self.model,
             self.tokenizer,
             texts,
             batch_size=INFERENCE_BATCH_SIZE,
