@@ -198,9 +198,8 @@ def distill(teacher_run: str, recipe: str | None, overrides: list[str] | None = 
 
 def read_unlabeled_reviews(data_args: Any) -> list[str]:
     """The non-empty review texts of ``unlabeled_file``, read and cleaned as training reads its reviews."""
-    from ..data.cleaning import clean_texts
     from ..data.sources import read_table
-    from ..data.splits import join_title
+    from ..data.splits import review_texts
 
     path = Path(data_args.unlabeled_file)
     if not path.is_file():
@@ -215,15 +214,10 @@ def read_unlabeled_reviews(data_args: Any) -> list[str]:
             f"unlabeled_file {path} has no column '{data_args.text_column}' (text_column); its columns are "
             f"{', '.join(table.column_names)}; rename the column or set text_column"
         )
-    texts = ["" if value is None else str(value) for value in table[data_args.text_column]]
-    titles = None
-    if data_args.title_column and data_args.title_column in table.column_names:
-        titles = ["" if value is None else str(value) for value in table[data_args.title_column]]
-    if data_args.clean_text:
-        texts = clean_texts(texts)
-        titles = clean_texts(titles) if titles is not None else None
-    joined = [join_title(titles[index].strip() if titles else "", text.strip()) for index, text in enumerate(texts)]
-    kept = [text for text in joined if text.strip()]
+    has_titles = bool(data_args.title_column) and data_args.title_column in table.column_names
+    titles = table[data_args.title_column] if has_titles else None
+    texts, _ = review_texts(table[data_args.text_column], titles, data_args.clean_text)
+    kept = [text for text in texts if text]
     if not kept:
         raise FinetuneError(f"unlabeled_file {path} has no non-empty review in '{data_args.text_column}'")
     return kept
