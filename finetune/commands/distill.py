@@ -72,6 +72,20 @@ class TeacherRun:
         model = check_model_folder(folder)
         return cls(folder.resolve(), class_names, run_config.get("data") or {}, str(base_model), scores, model)
 
+    def train_student(self, recipe: str | None, overrides: list[str] | None) -> dict[str, Any]:
+        """Train the recipe's model as this teacher's student; returns its metrics, as ``train`` does."""
+        from ..config.recipes import load_recipe
+        from .train import train
+
+        run = load_recipe(recipe, overrides)
+        if run.data.class_names:
+            self.check_classes(run.data.class_names, "the recipe")
+        texts = read_unlabeled_reviews(run.data) if run.data.unlabeled_file else []
+        distillation = Distillation(self, run.data.unlabeled_file, texts, _soft_label_cache())
+        metrics = train(recipe, overrides, distillation=distillation)
+        _print_comparison(self, metrics)
+        return metrics
+
     def check_classes(self, class_names: list[str], where: str) -> None:
         """Refuse a student whose classes (or their order) differ from the teacher's."""
         if list(class_names) != self.class_names:
@@ -179,21 +193,21 @@ class Distillation:
         }
 
 
-def distill(teacher_run: str, recipe: str | None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Train the recipe's model as a student of ``teacher_run``; returns its metrics, as ``train`` does."""
-    from ..config.recipes import load_recipe
-    from .train import train
+def distill(
+    teacher_run: str, recipe: str | None, overrides: list[str] | None = None, seeds: int | None = None
+) -> dict[str, Any]:
+    """Train the recipe's model as a student of ``teacher_run``; returns its metrics, as ``train`` does.
 
+    With ``seeds``, one student per seed (as ``finetune train --seeds``), the
+    soft labels computed once for all; returns the seeds' summary.
+    """
     # Every check that needs no data runs before anything is written.
     teacher = TeacherRun.open(teacher_run)
-    run = load_recipe(recipe, overrides)
-    if run.data.class_names:
-        teacher.check_classes(run.data.class_names, "the recipe")
-    texts = read_unlabeled_reviews(run.data) if run.data.unlabeled_file else []
-    distillation = Distillation(teacher, run.data.unlabeled_file, texts, _soft_label_cache())
-    metrics = train(recipe, overrides, distillation=distillation)
-    _print_comparison(teacher, metrics)
-    return metrics
+    if seeds is not None:
+        from .seeds import train_seeds
+
+        return train_seeds(recipe, overrides, seeds, teacher=teacher)
+    return teacher.train_student(recipe, overrides)
 
 
 def read_unlabeled_reviews(data_args: Any) -> list[str]:
