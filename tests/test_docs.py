@@ -44,7 +44,11 @@ TAKES_RECIPE_FIELDS = {"train", "distill", "bench", "baseline", "tune"}
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
-    """``(where, argv)`` for every ``finetune ...`` command in a fenced code block of the pages."""
+    """``(where, argv)`` for every ``finetune ...`` command in a fenced code block of the pages.
+
+    On the benchmarks pages, also every command of a provenance line (``- ... `finetune ...` ... · commit · machine``),
+    so a row's command stays one that can be run again.
+    """
     found = []
     for name, text in PAGES:
         in_code = False
@@ -53,6 +57,9 @@ def documented_commands() -> list[tuple[str, list[str]]]:
                 in_code = not in_code
                 continue
             if not in_code:
+                if name.startswith("docs/benchmarks/") and line.startswith("- ") and " · " in line:
+                    for command in re.findall(r"`(finetune [^`]+)`", line):
+                        found.append((f"{name}:{number}", shlex.split(command)[1:]))
                 continue
             line = line.lstrip("$ ").rstrip("\\").strip()
             for part in re.split(r"&&|;|\|", line):
