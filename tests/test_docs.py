@@ -136,3 +136,22 @@ def test_the_reference_lists_every_field_once_with_its_help():
             assert help_by_name[field.name] == REFERENCE_TOOL.markdown_cell(field.metadata["help"]), field.name
     for alias in ALIASES:
         assert f"`{alias}`" in REFERENCE
+
+
+def heading_slugs(page: Path) -> set[str]:
+    """The anchors of a page's headings, as MkDocs' toc extension makes them."""
+    slugs = set()
+    for heading in re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\s-]", "", heading).strip().lower()
+        slugs.add(re.sub(r"[-\s]+", "-", slug))
+    return slugs
+
+
+@pytest.mark.parametrize("recipe", sorted((PROJECT / "recipes").glob("*.yaml")), ids=lambda path: path.name)
+def test_a_recipe_header_links_to_a_heading_that_exists(recipe):
+    header = recipe.read_text(encoding="utf-8").split("\n\n", 1)[0]
+    links = re.findall(r"(docs/[\w/.-]+\.md)#([\w-]+)", header)
+    assert links, f"{recipe.name}'s header links to no docs page (e.g. docs/benchmarks/quality.md#...)"
+    for page, anchor in links:
+        assert (PROJECT / page).is_file(), f"{recipe.name} links to {page}, which does not exist"
+        assert anchor in heading_slugs(PROJECT / page), f"{recipe.name} links to {page}#{anchor}: no such heading"
