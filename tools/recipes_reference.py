@@ -95,6 +95,10 @@ def on_files(files: Any, config: Any) -> Any:
     """MkDocs hook: add the generated page to the site."""
     from mkdocs.structure.files import File
 
+    # Document this checkout's dataclasses, whichever copy of finetune the environment has installed.
+    if str(PROJECT) not in sys.path:
+        sys.path.insert(0, str(PROJECT))
+
     files.append(File.generated(config, PAGE, content=render()))
     return files
 
