@@ -104,6 +104,8 @@ def on_files(files: Any, config: Any) -> Any:
 
 
 def _row(field: dataclasses.Field) -> tuple[str, str, str, str]:
+    if not field.metadata.get("help", "").strip():
+        raise ValueError(f"the field {field.name} has no help; give it field(..., metadata={{'help': '...'}})")
     kind, help_text = markdown_cell(_type_name(field.type)), markdown_cell(field.metadata["help"])
     return field.name, kind, f"`{_default(field)}`", help_text
 
