@@ -64,7 +64,9 @@ def test_the_built_api_page_shows_the_docstrings(site):
     assert "exact accumulation loop" in page  # ReviewTrainer's docstring, not only its name
 
 
-def _browser() -> str:
+@pytest.fixture
+def browser() -> str:
+    """A Chromium on PATH, or a skip saying none is installed."""
     found = next((path for name in BROWSERS if (path := shutil.which(name))), None)
     if found is None:
         pytest.skip(f"no Chromium on PATH (looked for {', '.join(BROWSERS)}); .ci/run installs Debian's chromium")
@@ -77,10 +79,9 @@ def _headless(browser: str, *arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-def test_the_home_page_renders_with_its_navigation(site, tmp_path):
+def test_the_home_page_renders_with_its_navigation(browser, site, tmp_path):
     from PIL import Image
 
-    browser = _browser()
     home = (site / "index.html").as_uri()
     screenshot = tmp_path / "home.png"
     _headless(browser, "--window-size=1280,800", f"--screenshot={screenshot}", home)
