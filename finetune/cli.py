@@ -79,17 +79,18 @@ def _distill(options: argparse.Namespace, extra: list[str]) -> None:
     if options.teacher in ("-h", "--help") or "-h" in extra or "--help" in extra:
         from .config.recipes import build_parser
 
-        print("usage: finetune distill TEACHER_RUN RECIPE [--field value ...]\n")
+        print("usage: finetune distill TEACHER_RUN RECIPE [--seeds N] [--field value ...]\n")
         print("  TEACHER_RUN  a run folder made by 'finetune train' (e.g. an MPNet run); it labels the recipe's")
         print("               training reviews (and unlabeled_file's) once, cached; the recipe's model learns")
-        print("               from those probabilities (distill_alpha, distill_temperature) and the labels\n")
+        print("               from those probabilities (distill_alpha, distill_temperature) and the labels")
+        print("  --seeds N    one student per seed (seed, seed+1, ...) into OUTPUT_DIR/seed-<seed>, as train --seeds\n")
         build_parser().print_help()
         return
     if options.recipe is None:
         raise FinetuneError("finetune distill needs a teacher run and a recipe: finetune distill TEACHER_RUN RECIPE")
     from .commands.distill import distill
 
-    distill(options.teacher, options.recipe, extra)
+    distill(options.teacher, options.recipe, extra, options.seeds)
 
 
 def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
@@ -301,6 +302,7 @@ def build_cli() -> argparse.ArgumentParser:
     )
     distill.add_argument("teacher", nargs="?", help="a trained run folder, e.g. runs/drugscom-mpnet")
     distill.add_argument("recipe", nargs="?", help="the student's recipe YAML file, e.g. recipes/drugscom.yaml")
+    distill.add_argument("--seeds", type=positive_int, help="one student per seed; report mean and standard deviation")
     distill.set_defaults(handler=_distill)
 
     evaluate = commands.add_parser("evaluate", help="score a model folder or every checkpoint of a run")

@@ -78,7 +78,7 @@ from .accumulation import (
 )
 from .checkpointing import CrashSafeCheckpoints
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
-from .layers import encoder_parameters, layerwise_parameter_groups
+from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 # Trainer's own logger, so that the banner and warnings below follow transformers' verbosity
@@ -113,6 +113,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # Our loop draws its own per-epoch bar; keep stock evaluation bars.
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(EvaluationProgressCallback)
+        trainable_layers = getattr(self.args, "trainable_layers", None)
+        if trainable_layers is not None:
+            freeze_lower_layers(self.model, trainable_layers)
         self.skipped_updates = 0
         self.nonfinite_in_a_row = 0
         # The share of its window's loss that the next training_step backpropagates (set per micro-batch).
