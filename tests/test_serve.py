@@ -214,7 +214,15 @@ def test_8_concurrent_clients_are_batched_and_beat_one_request_at_a_time(server)
 
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(run_dir, tmp_path):
     # A batching wait of 3 s keeps the one request in flight while SIGTERM arrives.
-    server = ServerProcess(run_dir, tmp_path / "serve.log", "--max_wait_ms", "3000")
+    limits = ["--max_reviews", "3", "--max_review_chars", "50", "--max_body_bytes", "2000"]
+    server = ServerProcess(run_dir, tmp_path / "serve.log", "--max_wait_ms", "3000", *limits)
+    # The same server shows the limits are the flags' (one server start fewer).
+    status, answer = request(server.port, "POST", "/predict", {"reviews": ["ok"] * 4})
+    assert status == 413 and "4 reviews in one request, more than the limit of 3" in answer["error"]
+    status, answer = request(server.port, "POST", "/predict", {"reviews": ["z" * 51]})
+    assert status == 413 and "51 characters, more than the limit of 50" in answer["error"]
+    status, answer = request(server.port, "POST", "/predict", {"reviews": ["ok", "fine", "a" * 2000]})
+    assert status == 413 and "more than the limit of 2,000" in answer["error"]
     answers = []
     sender = threading.Thread(
         target=lambda: answers.append(request(server.port, "POST", "/predict", {"reviews": REVIEWS}))
@@ -267,14 +275,15 @@ def test_an_int8_export_is_served_the_same_way(tiny_model_dir, tmp_path):
 
 
 def test_serve_refuses_a_folder_without_a_model_and_a_taken_port(tmp_path, run_dir, capsys):
-    assert main(["serve", str(tmp_path)]) == 2
-    assert "holds no model (no config.json)" in capsys.readouterr().err
     import socket
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        # The folder is checked first: the message names the mistake, not the port.
+        assert main(["serve", str(tmp_path), "--port", str(port)]) == 2
+        assert "holds no model (no config.json)" in capsys.readouterr().err
         assert main(["serve", str(run_dir), "--port", str(port)]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert main(["serve", str(run_dir), "--token", " "]) == 2

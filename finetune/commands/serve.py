@@ -47,7 +47,7 @@ def serve(
             "finetune serve needs FastAPI and uvicorn; install them with: pip install 'finetune[serve]'"
         )
     from ..serve.app import TOKEN_ENV, BatchSettings, ServeLimits, create_app
-    from ..serve.model import load_served_model
+    from ..serve.model import load_served_model, require_served_folder
 
     # Every check before the model loads: a mistake costs a second, not a load.
     token = token if token is not None else os.environ.get(TOKEN_ENV)
@@ -57,6 +57,7 @@ def serve(
         raise FinetuneError(f"--max_wait_ms must be >= 0 (got {max_wait_ms})")
     if max_body_bytes < 1:
         raise FinetuneError(f"--max_body_bytes must be >= 1 (got {max_body_bytes})")
+    require_served_folder(model_path)
     listener = _listen(host, port)
 
     if threads is not None:

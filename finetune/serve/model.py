@@ -15,6 +15,7 @@ from ..evaluation.inference import (
     is_exported_folder,
     load_inference_model,
     predict_probabilities,
+    require_inference_folder,
     warn_if_model_changed,
 )
 from ..export.fallback import Int8WithFallback
@@ -93,6 +94,14 @@ class ServedModel:
         )
 
 
+def require_served_folder(model_path: str | Path) -> None:
+    """Refuse, before anything loads, a path that is no folder or holds no model (a ``FinetuneError``)."""
+    model_dir = Path(model_path)
+    if not model_dir.is_dir():
+        raise FinetuneError(f"{model_dir} is not a folder; pass a run folder (a train output_dir) or an int8 export")
+    require_inference_folder(model_dir)
+
+
 def load_served_model(model_path: str | Path) -> ServedModel:
     """Load and check the model in ``model_path``: a run folder, a checkpoint, or an int8 export folder.
 
@@ -100,8 +109,7 @@ def load_served_model(model_path: str | Path) -> ServedModel:
     model, weights that do not fit the config, classes not the run's, answers that are not numbers.
     """
     model_dir = Path(model_path)
-    if not model_dir.is_dir():
-        raise FinetuneError(f"{model_dir} is not a folder; pass a run folder (a train output_dir) or an int8 export")
+    require_served_folder(model_dir)
     model, tokenizer = load_inference_model(model_dir)
     warn_if_model_changed(model_dir, "its answers")
     run_config = find_run_config(model_dir) or {}
