@@ -21,32 +21,21 @@ import pytest
 pytest.importorskip("fastapi", reason="finetune serve needs the serve extra: pip install -e '.[serve]'")
 
 from helpers import WORDS
-from serving import ServerProcess, request
+from serving import AUTH, TOKEN, ServerProcess, request
 
 from finetune.cli import main
 
-TOKEN = "test-secret-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 REVIEWS = ["Great value, it works as described.", "Stopped working after a week &amp; no refund."]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_model_dir) -> Path:
-    """A finished 2-update tiny run with a test split, so its report has test scores for /info."""
-    from bad_input.common import run_recipe
-
-    folder = tmp_path_factory.mktemp("served-run")
-    assert main(["train", str(run_recipe(folder, tiny_model_dir, test_split_percentage=20))]) == 0
-    return folder / "run"
+@pytest.fixture
+def run_dir(served_run) -> Path:
+    return served_run
 
 
-@pytest.fixture(scope="module")
-def server(run_dir, tmp_path_factory):
-    """A server on the tiny run that needs a token, given by the environment variable."""
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    process = ServerProcess(run_dir, log, "--threads", "1", env={"FINETUNE_SERVE_TOKEN": TOKEN})
-    yield process
-    assert process.stop() == 0, log.read_text()
+@pytest.fixture
+def server(token_server) -> ServerProcess:
+    return token_server
 
 
 def _expected(run_dir: Path, reviews: list[str]) -> np.ndarray:

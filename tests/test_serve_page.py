@@ -20,16 +20,15 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("no Chromium on this machine (apt-get install chromium)", allow_module_level=True)
 
-from serving import ServerProcess  # noqa: E402
+from serving import TOKEN  # noqa: E402
 
 CLASSES = ["negative", "neutral", "positive"]
 
 
-@pytest.fixture(scope="module")
-def page_url(finished_run, tmp_path_factory):
-    server = ServerProcess(finished_run / "run", tmp_path_factory.mktemp("page") / "serve.log")
-    yield f"http://127.0.0.1:{server.port}/"
-    assert server.stop() == 0
+@pytest.fixture
+def page_url(token_server) -> str:
+    """The page of the server the API tests use; it needs the token, which the page asks for."""
+    return f"http://127.0.0.1:{token_server.port}/"
 
 
 @pytest.fixture
@@ -43,9 +42,17 @@ def page():
             browser.close()
 
 
-def test_type_a_review_press_the_button_read_the_label(page, page_url, tmp_path):
-    page.goto(page_url)
+def open_with_token(page, url: str) -> None:
+    """Open the page, and give the token it asks for (the server needs one)."""
+    page.goto(url)
+    sync_api.expect(page.locator("#model-info")).to_contain_text("needs a token")
+    page.fill("#token", TOKEN)
+    page.press("#token", "Enter")  # a change event: the page loads /info with it
     sync_api.expect(page.locator("#model-info")).to_contain_text("classes: negative, neutral, positive")
+
+
+def test_type_a_review_press_the_button_read_the_label(page, page_url, tmp_path):
+    open_with_token(page, page_url)
     page.fill("#reviews", "Stopped working after a week and the refund never came.")
     page.click("#run")
     row = page.locator("tr.result")
@@ -72,7 +79,7 @@ def test_drop_a_csv_and_download_the_results(page, page_url, tmp_path):
     writer = csv.writer(buffer)
     writer.writerow(["id", "review"])
     writer.writerows([index, review] for index, review in enumerate(reviews))
-    page.goto(page_url)
+    open_with_token(page, page_url)
     page.set_input_files(
         "#file", files=[{"name": "mine.csv", "mimeType": "text/csv", "buffer": buffer.getvalue().encode()}]
     )
