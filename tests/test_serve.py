@@ -291,3 +291,36 @@ def test_the_page_ships_in_the_wheel():
     assets = [path.relative_to(package).as_posix() for path in (package / "serve" / "static").iterdir()]
     assert {"index.html", "app.js", "style.css"} <= {Path(asset).name for asset in assets}
     assert all(any(fnmatch.fnmatch(asset, pattern) for pattern in patterns) for asset in assets), patterns
+
+
+def test_the_batcher_shares_calls_within_the_size_limit_and_keeps_each_request_whole():
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from finetune.serve.batching import Batcher
+
+    calls: list[list[str]] = []
+
+    def score(reviews: list[str]) -> list[str]:
+        calls.append(list(reviews))
+        time.sleep(0.05)  # the model is busy: requests queue meanwhile
+        if "boom" in reviews:
+            raise RuntimeError("model failed")
+        return [review.upper() for review in reviews]
+
+    async def scenario() -> list:
+        batcher = Batcher(score, ThreadPoolExecutor(max_workers=1), max_batch_size=4, max_wait_s=0.01)
+        batcher.start()
+        requests = [["a"], ["b", "c"], ["d", "e"], ["f"], ["g"]]
+        answers = await asyncio.gather(*(batcher.submit(reviews) for reviews in requests))
+        failed = await asyncio.gather(batcher.submit(["x"]), batcher.submit(["boom"]), return_exceptions=True)
+        await batcher.stop()
+        return [answers, failed, batcher.model_calls, batcher.largest_batch]
+
+    answers, failed, model_calls, largest = asyncio.run(scenario())
+    assert answers == [["A"], ["B", "C"], ["D", "E"], ["F"], ["G"]]
+    # Calls of at most 4 reviews; ["d", "e"] would make 5, so it waits for the next call rather than be split.
+    assert calls == [["a", "b", "c"], ["d", "e", "f", "g"], ["x", "boom"]]
+    assert model_calls == 3 and largest == 4
+    # A failed call fails every request in it, and only those.
+    assert [str(error) for error in failed] == ["model failed", "model failed"]
