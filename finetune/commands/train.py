@@ -175,6 +175,11 @@ def _train_checked(
     if trainer.class_weights is not None and args.should_log:
         weights = ", ".join(f"{name} {weight:.3f}" for name, weight in zip(label_names, trainer.class_weights.tolist()))
         print(f"class weights: {weights}", file=sys.stderr)
+    if args.calibrate_temperature and "validation" not in encoded:
+        raise FinetuneError(
+            "calibrate_temperature fits T on the validation split, and this run has none; "
+            "set validation_split_percentage (e.g. 10), or drop calibrate_temperature"
+        )
     command_head = command[: len(command) - len(overrides or [])]  # finetune train RECIPE (or distill)
     # The signal handlers stay through the final save: a SIGTERM there lets the save finish.
     with stopper.held():
@@ -184,8 +189,11 @@ def _train_checked(
         if stopper.stopped_training:
             raise TrainingInterrupted(_resume_advice(trainer, stopper, command_head, overrides), stopper.exit_status)
 
+        calibration = _calibrate(trainer, encoded, data, tokenizer, encoding) if args.calibrate_temperature else None
         # Save: a standard model folder (config with id2label, safetensors, tokenizer), written whole or not at all.
         trainer.save_final_model()
+        if calibration is not None and trainer.is_world_process_zero():
+            write_output_text(Path(args.output_dir, "calibration.json"), json.dumps(calibration, indent=2) + "\n")
         if trainer.is_world_process_zero():
             # What evaluate and predict compare the folder's model with, to say when it is no longer this one.
             record_model_fingerprint(args.output_dir)
@@ -197,6 +205,8 @@ def _train_checked(
         raise TrainingInterrupted(_resume_advice(trainer, stopper, command_head, overrides, done), stopper.exit_status)
     trainer.save_state()
     metrics: dict[str, Any] = {**result.metrics, "train_wall_seconds": train_seconds}
+    if calibration is not None:
+        metrics["calibration_temperature"] = calibration["temperature"]
     trainer.save_metrics("train", metrics)
     if baseline is not None:
         metrics["baseline"] = baseline.to_dict()
@@ -238,6 +248,34 @@ def _train_checked(
         _print_summary(args.output_dir, metrics, train_seconds)
         print(f"pictures and numbers in {report_dir}, model card {card}", file=sys.stderr)
     return metrics
+
+
+def _calibrate(trainer: Any, encoded: Any, data: Any, tokenizer: Any, encoding: Any) -> dict[str, Any]:
+    """Fit a temperature on the validation split and fold it into the trained model, before it is saved."""
+    from scipy.special import softmax
+
+    from ..evaluation.calibration import calibrate_in_place
+    from ..evaluation.inference import predict_probabilities
+
+    if encoding.sliding_window:
+        # Validation read whole, in windows, as the test split and predict will read reviews.
+        texts = data.splits["validation"]["text"]
+        probabilities = predict_probabilities(
+            trainer.model, tokenizer, texts, trainer.args.per_device_eval_batch_size, encoding
+        )
+        labels = list(data.splits["validation"]["labels"])
+    else:
+        prediction = trainer.predict(encoded["validation"], metric_key_prefix="calibration")
+        probabilities, labels = softmax(prediction.predictions, axis=-1), prediction.label_ids
+    fitted_on = f"validation, {len(labels)} reviews"
+    record = calibrate_in_place(trainer.model, probabilities, labels, fitted_on)
+    if trainer.is_world_process_zero():
+        print(
+            f"calibrated on {fitted_on}: T = {record['temperature']:.3f}, expected calibration error "
+            f"{record['validation_ece_before']:.3f} -> {record['validation_ece_after']:.3f}",
+            file=sys.stderr,
+        )
+    return record
 
 
 def _checked_resume_point(args: Any, data: Any) -> str | None:

@@ -329,6 +329,16 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         },
     )
+    calibrate_temperature: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "After training, fit a temperature T on the validation split and fold 1/T into the classifier "
+                "(as 'finetune evaluate --calibrate'), so the saved model's probabilities are calibrated for "
+                "predict and pipeline(); its labels do not change. Needs a validation split."
+            )
+        },
+    )
     trainable_layers: int | None = field(
         default=None,
         metadata={
