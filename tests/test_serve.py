@@ -227,7 +227,6 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(run_dir, tmp_path):
 
 
 def test_explain_gives_word_spans_into_the_review_read(server):
-    pytest.importorskip("finetune.evaluation.explain", reason="finetune/evaluation/explain.py is not merged yet")
     reviews = ["Stopped working after a week, no refund.", "Great&nbsp;value, it works as described."]
     status, answer = request(server.port, "POST", "/explain", {"reviews": reviews, "top_k": 2}, AUTH)
     assert status == 200, answer

@@ -8,7 +8,6 @@ screenshot is saved in the test's folder and its path printed.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import shutil
 
@@ -66,8 +65,6 @@ def test_type_a_review_press_the_button_read_the_label(page, page_url, tmp_path)
     values = [float(value) for value in row.locator(".probability .value").all_inner_texts()]
     assert len(values) == 3 and CLASSES[values.index(max(values))] == label
     assert "Stopped working after a week" in row.locator("td.review").inner_text()
-    if importlib.util.find_spec("finetune.evaluation.explain") is None:
-        pytest.skip("finetune/evaluation/explain.py is not merged yet: the page shows labels without shading")
     marks = row.locator("mark.word")
     assert marks.count() > 0
     assert all(text.strip() for text in marks.all_inner_texts())

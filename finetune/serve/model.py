@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,6 @@ from ..training.runs import find_run_config, run_folder
 
 # Reviews per forward pass inside one model call, as finetune predict's default --batch_size.
 INFERENCE_BATCH_SIZE = 32
-EXPLAIN_MODULE = "finetune.evaluation.explain"
 
 
 @dataclass
@@ -72,8 +70,6 @@ class ServedModel:
                 f"{self.model_dir} is an int8 export without its fp32 model, which explanations need; serve the run "
                 "folder it was exported from, or export with --fp32_fallback"
             )
-        if importlib.util.find_spec(EXPLAIN_MODULE) is None:
-            return f"this finetune has no explanations ({EXPLAIN_MODULE} is missing); update finetune"
         return None
 
     def explain(self, texts: list[str]) -> list[Any]:
