@@ -115,6 +115,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             self.add_callback(EvaluationProgressCallback)
         self.skipped_updates = 0
         self.nonfinite_in_a_row = 0
+        # Wall-clock seconds train() spent evaluating and saving checkpoints (finetune train's breakdown).
+        self.seconds_in = {"evaluation": 0.0, "checkpoint_saves": 0.0}
         # The share of its window's loss that the next training_step backpropagates (set per micro-batch).
         self.micro_batch_weight = 1.0
         strategy = getattr(self.args, "class_weighting", "none")
@@ -352,7 +354,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
 
         self.control = self.callback_handler.on_train_begin(self.args, self.state, self.control)
         if self.args.eval_on_start:
-            self._evaluate(run.trial, run.ignore_keys_for_eval, skip_scheduler=True)
+            with self._timed("evaluation"):
+                self._evaluate(run.trial, run.ignore_keys_for_eval, skip_scheduler=True)
 
     def _start_epoch(
         self, train_dataloader: Any, run: _Run, index: int, micro_batches_done: int, checkpoint: str | None
@@ -729,14 +732,25 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             self.log(logs, start_time)
 
         if self.control.should_evaluate:
-            metrics = self._evaluate(trial, ignore_keys_for_eval)
+            with self._timed("evaluation"):
+                metrics = self._evaluate(trial, ignore_keys_for_eval)
             is_new_best = self._determine_best_metric(metrics=metrics, trial=trial)
             if self.args.save_strategy == SaveStrategy.BEST:
                 self.control.should_save = is_new_best
 
         if self.control.should_save:
-            self._save_checkpoint(model, trial)
+            with self._timed("checkpoint_saves"):
+                self._save_checkpoint(model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    @contextlib.contextmanager
+    def _timed(self, part: str) -> Iterator[None]:
+        """Add the block's wall-clock seconds to ``seconds_in[part]``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds_in[part] += time.perf_counter() - started
 
     def _finalize_training(self, trial: Any, num_train_samples: Any, start_time: float) -> TrainOutput:
         """Final metrics, best-model reload, ``on_train_end``, NEFTune's hook removed.
