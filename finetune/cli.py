@@ -12,7 +12,7 @@
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
 | ``export MODEL --int8 [--output DIR] [--backend B] [--fp32_fallback M]`` | :func:`finetune.commands.export.export` |
-| ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
+| ``bench RECIPE [--updates N] [--output FILE] [--memory] [--device D]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
 | ``model list [--cache_dir DIR]`` | :func:`finetune.training.fetched_models.fetched_models_table` |
@@ -161,6 +161,7 @@ def _bench(options: argparse.Namespace, extra: list[str]) -> None:
         output=options.output,
         memory=options.memory,
         inference=not options.no_inference,
+        device=options.device,
     )
 
 
@@ -372,6 +373,9 @@ def build_cli() -> argparse.ArgumentParser:
     bench.add_argument("--output", help="also save the report as JSON here")
     bench.add_argument("--memory", action="store_true", help="peak memory of ReviewTrainer for n in 1, 4, 16 and 4b")
     bench.add_argument("--no_inference", action="store_true", help="skip the prediction throughput comparison")
+    bench.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the systems train (default: cpu)"
+    )
     bench.set_defaults(handler=_bench)
 
     _add_list_and_fetch(

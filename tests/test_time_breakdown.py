@@ -11,8 +11,6 @@ from bad_input.common import run_recipe
 from finetune.cli import main
 from finetune.training.run_clock import PARTS, RunClock
 
-DURING_TRAINING = ("train_steps", "evaluation", "checkpoint_saves")
-
 
 def _breakdown(run_folder):
     return json.loads((run_folder / "report" / "metrics.json").read_text())["time_breakdown"]
@@ -32,8 +30,8 @@ def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(tmp_path, tiny
     assert sum(breakdown[part] for part in PARTS) == pytest.approx(breakdown["total"], abs=0.01)
     assert breakdown["total"] <= wall
     assert breakdown["checkpoint_saves"] == 0
-    for part in ("load", "data", "baseline", "train_steps", "evaluation", "final_save", "final_evaluation_and_report"):
-        assert breakdown[part] > 0, part
+    for part in PARTS:
+        assert breakdown[part] > 0 or part in ("checkpoint_saves", "other"), part
     err = capsys.readouterr().err
     assert f"wall time {breakdown['total']:.1f}s:" in err and "evaluation" in err
 

@@ -103,7 +103,7 @@ def _train_checked(
 
     # Data: read, clean, map labels (dropping and counting bad rows), tokenize. The main
     # process goes first, so the fetch and datasets caches are filled once.
-    clock.lap("other")  # the checks before anything is read
+    clock.lap("startup")
     with args.main_process_first(desc="reading and tokenizing the data"):
         data = load_review_data(run.data, seed=args.seed)
         label_names = data.label_names

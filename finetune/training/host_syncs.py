@@ -15,9 +15,10 @@ What counts as a read:
 - on an accelerator (CUDA, ...): any of the methods on a tensor stored there,
   wherever it is called from;
 - on the CPU, where nothing waits, the reads a GPU run would make: the value
-  reads (not ``.cpu()``, a no-op here, nor ``.to(...)``), minus those PyTorch
-  makes of its own host-side counters (the optimizer's step count and the
-  sampler's seed live on the host on a GPU too).
+  reads (not ``.cpu()``, a no-op here, nor ``.to(...)``), minus those of
+  tensors that live on the host on a GPU too: the optimizer's step counts
+  (read by ``torch.optim``) and whatever a DataLoader reads while it draws a
+  batch (samplers' seeds and orders, the collator's work).
 
 On CUDA ``torch.cuda.set_sync_debug_mode`` sees more (blocking host-to-device
 copies, ``nonzero``, ...); ``CudaSyncWarnings`` counts those as a second figure.
@@ -39,10 +40,10 @@ from transformers import TrainerCallback
 VALUE_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__")
 # Copies to the host: a sync only from an accelerator.
 HOST_COPIES = ("cpu", "to")
-# Where PyTorch reads its own host-side tensors (optimizer step counts, sampler seeds and orders).
-TORCH_HOST_SIDE = tuple(
-    os.path.join(os.path.dirname(torch.__file__), *parts) + os.sep for parts in (("optim",), ("utils", "data"))
-)
+# Where PyTorch reads the optimizer's step counts, host tensors on a GPU too.
+TORCH_OPTIM = os.path.join(os.path.dirname(torch.__file__), "optim") + os.sep
+# Code that draws batches (and calls samplers and collators) on the host, before a batch is moved to the device.
+DATA_LOADING = (os.path.join(os.path.dirname(torch.__file__), "utils", "data") + os.sep, "accelerate/data_loader.py")
 
 
 class HostReadCounter:
@@ -77,7 +78,7 @@ class HostReadCounter:
         if self.device_type == "cpu":
             if name in HOST_COPIES:
                 return False
-            return not _caller_file().startswith(TORCH_HOST_SIDE)
+            return not _on_host_side()
         if name == "to":
             targets = [*args, kwargs.get("device")]
             return any(_is_host(target) for target in targets)
@@ -98,12 +99,19 @@ class HostReadCounter:
         return counted
 
 
-def _caller_file() -> str:
-    """The file of the first frame outside this module: where the read was made."""
+def _on_host_side() -> bool:
+    """Whether the read being counted is made by ``torch.optim`` or while a DataLoader draws a batch."""
     frame = sys._getframe(1)
     while frame.f_code.co_filename == __file__:
         frame = frame.f_back
-    return frame.f_code.co_filename
+    if frame.f_code.co_filename.startswith(TORCH_OPTIM):
+        return True
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(DATA_LOADING[0]) or filename.endswith(DATA_LOADING[1]):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _is_host(target: Any) -> bool:
@@ -164,7 +172,8 @@ class CudaSyncWarnings:
             try:
                 yield self
             finally:
-                self.counting = False
+                if self._counting:
+                    self.counting = False
 
 
 class HostReadsWindow(TrainerCallback):

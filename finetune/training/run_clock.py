@@ -2,8 +2,7 @@
 
 ``finetune train`` times itself as laps: each stretch of time goes to the
 part named when it ends, so the parts add up to the whole run exactly, and
-what no part claims (the checks before anything is read, building the
-Trainer) is ``other``. Inside ``trainer.train()`` the trainer times its own
+what no part claims (building the Trainer, say) is ``other``. Inside ``trainer.train()`` the trainer times its own
 evaluations and checkpoint saves, which ``move`` takes out of the training
 steps.
 """
@@ -14,6 +13,7 @@ import time
 
 # In the order a run goes through them; "other" is whatever no part claimed.
 PARTS = (
+    "startup",  # imports and the checks made before any data is read
     "load",  # the tokenizer and the model's weights
     "data",  # reading, cleaning and tokenizing the reviews (and a teacher's soft labels)
     "baseline",  # the TF-IDF baseline
