@@ -13,7 +13,7 @@
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
 | ``export MODEL --int8 [--output DIR] [--backend B] [--fp32_fallback M]`` | :func:`finetune.commands.export.export` |
 | ``serve MODEL [--host H] [--port N] [--token T] [--max_reviews N] ...`` | :func:`finetune.commands.serve.serve` |
-| ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
+| ``bench RECIPE [--updates N] [--output FILE] [--memory] [--device D]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
 | ``model list [--cache_dir DIR]`` | :func:`finetune.training.fetched_models.fetched_models_table` |
@@ -181,6 +181,7 @@ def _bench(options: argparse.Namespace, extra: list[str]) -> None:
         output=options.output,
         memory=options.memory,
         inference=not options.no_inference,
+        device=options.device,
     )
 
 
@@ -441,6 +442,9 @@ def build_cli() -> argparse.ArgumentParser:
     bench.add_argument("--output", help="also save the report as JSON here")
     bench.add_argument("--memory", action="store_true", help="peak memory of ReviewTrainer for n in 1, 4, 16 and 4b")
     bench.add_argument("--no_inference", action="store_true", help="skip the prediction throughput comparison")
+    bench.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the systems train (default: cpu)"
+    )
     bench.set_defaults(handler=_bench)
 
     _add_list_and_fetch(
