@@ -207,7 +207,10 @@ def _train_checked(
         if stopper.stopped_training:
             raise TrainingInterrupted(_resume_advice(trainer, stopper, command_head, overrides), stopper.exit_status)
 
-        calibration = _calibrate(trainer, encoded, data, tokenizer, encoding) if args.calibrate_temperature else None
+        calibration = None
+        if args.calibrate_temperature:
+            calibration = _calibrate(trainer, encoded, data, tokenizer, encoding)
+            clock.lap("evaluation")  # scoring the validation split for the temperature
         # Save: a standard model folder (config with id2label, safetensors, tokenizer), written whole or not at all.
         trainer.save_final_model()
         if calibration is not None and trainer.is_world_process_zero():
