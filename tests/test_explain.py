@@ -317,3 +317,13 @@ def test_errors_file_gives_each_mistake_its_top_words(run_copy):
             assert row["top_words"] == ""
         elif row["top_words"]:
             assert all(cell.rsplit(" (", 1)[0] in row["text"] for cell in row["top_words"].split("; "))
+
+
+def test_explains_under_inference_mode(tiny_model_dir, tokenizer):
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+    # A server answers requests under inference_mode; the explanation needs gradients all the same.
+    with torch.inference_mode():
+        inside = explain_reviews(model, tokenizer, REVIEWS[:2], max_length=32)
+    assert inside == explain_reviews(model, tokenizer, REVIEWS[:2], max_length=32)

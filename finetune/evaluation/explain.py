@@ -275,18 +275,20 @@ def _word_piece_scores(
         is_piece = (batch["special_tokens_mask"] == 0).to(device) & (attention_mask == 1)
         baseline = torch.where(is_piece, torch.full_like(input_ids, pad_id), input_ids)
         target = torch.as_tensor(predicted[chosen], device=device)
-        if method == "integrated_gradients":
-            attributions = integrated.attribute(
-                inputs=input_ids,
-                baselines=baseline,
-                additional_forward_args=(attention_mask,),
-                target=target,
-                n_steps=n_steps,
-                # One step of every review in the batch per pass: memory of one batch_size batch.
-                internal_batch_size=len(chosen),
-            )
-        else:
-            attributions = local.attribute(input_ids, additional_forward_args=(attention_mask,), target=target)
+        # Gradients even when the caller runs under inference_mode or no_grad (a server answering requests).
+        with torch.inference_mode(False), torch.enable_grad():
+            if method == "integrated_gradients":
+                attributions = integrated.attribute(
+                    inputs=input_ids,
+                    baselines=baseline,
+                    additional_forward_args=(attention_mask,),
+                    target=target,
+                    n_steps=n_steps,
+                    # One step of every review in the batch per pass: memory of one batch_size batch.
+                    internal_batch_size=len(chosen),
+                )
+            else:
+                attributions = local.attribute(input_ids, additional_forward_args=(attention_mask,), target=target)
         piece_scores = attributions.sum(dim=-1).detach().float().cpu().numpy()
         for row, index in enumerate(chosen):
             kept = is_piece[row].cpu().numpy()
