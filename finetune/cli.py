@@ -10,7 +10,7 @@
 | ``evaluate PATH [PATH ...] [--data FILE] [--calibrate]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
-| ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
+| ``predict MODEL [--input FILE] [--output FILE] [--explain]`` | :func:`finetune.commands.predict.predict` |
 | ``export MODEL --int8 [--output DIR] [--backend B] [--fp32_fallback M]`` | :func:`finetune.commands.export.export` |
 | ``serve MODEL [--host H] [--port N] [--token T] [--max_reviews N] ...`` | :func:`finetune.commands.serve.serve` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory] [--device D]`` | :func:`finetune.commands.bench.bench` |
@@ -135,6 +135,7 @@ def _predict(options: argparse.Namespace, extra: list[str]) -> None:
         text_column=options.text_column,
         batch_size=options.batch_size,
         overwrite=options.overwrite,
+        explain=options.explain,
     )
 
 
@@ -356,6 +357,9 @@ def build_cli() -> argparse.ArgumentParser:
     predict.add_argument("--text_column", help="the column holding the review (default: the recipe's, or 'text')")
     predict.add_argument("--batch_size", type=positive_int, default=32)
     predict.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    predict.add_argument(
+        "--explain", action="store_true", help="add top_words: the words that pushed each review toward its label"
+    )
     predict.set_defaults(handler=_predict)
 
     export = commands.add_parser(

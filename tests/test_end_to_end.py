@@ -189,7 +189,7 @@ def test_evaluate_writes_intervals_errors_and_calibrates_for_pipeline(trained_ru
     assert low <= model_report["accuracy"] <= high and model_report["intervals"]["resamples"] == 100
     assert "vs_best" in baseline and 0.0 <= model_report["ece"] <= 1.0
     errors = list(csv.DictReader((run / "errors_test.csv").read_text(encoding="utf-8").splitlines()))
-    assert list(errors[0]) == ["text", "true", "predicted", "probability", "true_probability", "loss"]
+    assert list(errors[0]) == ["text", "true", "predicted", "probability", "true_probability", "loss", "top_words"]
     assert [float(row["loss"]) for row in errors] == sorted((float(row["loss"]) for row in errors), reverse=True)
     assert (run / "reliability_test.png").is_file() and (run / "scores_test.png").is_file()
 

@@ -231,7 +231,8 @@ def write_errors_and_calibration(
     from ..evaluation.report import plot_reliability
 
     errors = folder / f"errors_{scored_on}.csv"
-    write_largest_losses(errors, scoring.texts, scoring.labels, probabilities, label_names)
+    explainer = _mistake_explainer(Path(best["model"]), scoring.encoding)
+    write_largest_losses(errors, scoring.texts, scoring.labels, probabilities, label_names, explainer=explainer)
     best["ece"] = expected_calibration_error(probabilities, scoring.labels)
     reliability = folder / f"reliability_{scored_on}.png"
     plot_reliability(
@@ -240,6 +241,31 @@ def write_errors_and_calibration(
         f"{Path(best['model']).name} on {scored_on}: {len(scoring.labels)} reviews, ECE {best['ece']:.3f}",
     )
     return [errors, reliability]
+
+
+def _mistake_explainer(model_dir: Path, encoding: ReviewEncoding) -> Any:
+    """What fills ``errors_<split>.csv``'s ``top_words``: the words behind each mistake's wrong label.
+
+    None (the column left empty, with a note) for an int8 export that keeps no fp32 model to take gradients of.
+    """
+    from ..evaluation.explain import can_explain_folder, explain_predictions, format_top_words
+    from ..evaluation.inference import load_inference_model
+
+    if not can_explain_folder(model_dir):
+        print(
+            f"note: errors file without top words: {model_dir} is an int8 export with no fp32 model to explain "
+            "with (export with --fp32_fallback 0.1, or evaluate the run folder)",
+            file=sys.stderr,
+        )
+        return None
+
+    def explain(texts: list[str], probabilities: Any) -> list[str]:
+        # Loaded again rather than kept from scoring: a run's checkpoints are not all held in memory.
+        model, tokenizer = load_inference_model(model_dir)
+        explanations = explain_predictions(model, tokenizer, texts, probabilities, max_length=encoding.max_length)
+        return [format_top_words(explanation) for explanation in explanations]
+
+    return explain
 
 
 def write_pictures_and_table(

@@ -44,12 +44,16 @@ def predict(
     text_column: str | None = None,
     batch_size: int = 32,
     overwrite: bool = False,
+    explain: bool = False,
 ) -> int:
     """Classify reviews from ``input_path`` (CSV, TSV or JSONL; stdin lines when None or '-'); returns the count.
 
     Writes the input rows plus ``label`` and ``probability`` (and one
     ``prob_<class>`` column per class) to ``output_path`` in the input's
-    format, or CSV to stdout, a batch at a time.
+    format, or CSV to stdout, a batch at a time. With ``explain``, a
+    ``top_words`` column too: the words that pushed each review toward its
+    label (:mod:`finetune.evaluation.explain`), as ``"word (score); ..."`` in
+    CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL.
     """
     from tqdm.auto import tqdm
 
@@ -66,6 +70,10 @@ def predict(
     # Every check before the model loads: a mistake costs a second, not an inference.
     check_batch_size(batch_size)
     model_dir = Path(model_path)
+    if explain and model_dir.is_dir():
+        from ..evaluation.explain import require_explainable_folder
+
+        require_explainable_folder(model_dir)
     if output_path and output_path.endswith(("/", os.sep)):
         # Path() drops the slash, so "out/" would become a file named "out".
         raise FinetuneError(
@@ -109,10 +117,15 @@ def predict(
             # An empty review is not scored: training drops such rows and stdin skips blank lines.
             empty_reviews += [count + index + 1 for index, text in enumerate(texts) if not text]
             nonempty = [text for text in texts if text]
-            answers = iter(predict_probabilities(model, tokenizer, nonempty, batch_size, encoding) if nonempty else [])
+            probabilities = predict_probabilities(model, tokenizer, nonempty, batch_size, encoding) if nonempty else []
+            # The model's columns for each non-empty review, joined to its input row below.
+            results = [_result({}, probs, label_names) for probs in probabilities]
+            if explain:
+                _add_top_words(results, model, tokenizer, nonempty, probabilities, batch_size, encoding, output.format)
+            answers = iter(results)
             output.write(
                 [
-                    _result(row, next(answers), label_names) if text else _no_result(row, label_names)
+                    {**row, **next(answers)} if text else _no_result(row, label_names, explain)
                     for row, text in zip(batch, texts)
                 ]
             )
@@ -164,9 +177,36 @@ def _result(row: dict[str, Any], probs: Any, label_names: list[str]) -> dict[str
     return result
 
 
-def _no_result(row: dict[str, Any], label_names: list[str]) -> dict[str, Any]:
+def _no_result(row: dict[str, Any], label_names: list[str], explain: bool = False) -> dict[str, Any]:
     """The columns of a result, empty: for a review with no text, which no label describes."""
-    return {**row, "label": "", "probability": None, **{f"prob_{name}": None for name in label_names}}
+    empty = {**row, "label": "", "probability": None, **{f"prob_{name}": None for name in label_names}}
+    return {**empty, "top_words": None} if explain else empty
+
+
+def _add_top_words(
+    results: list[dict[str, Any]],
+    model: Any,
+    tokenizer: Any,
+    texts: list[str],
+    probabilities: Any,
+    batch_size: int,
+    encoding: Any,
+    output_format: str,
+) -> None:
+    """Add each result's ``top_words``: the words behind the label predict gave it (one cell, or a JSON list)."""
+    from ..evaluation.explain import explain_predictions, format_top_words
+
+    if not texts:
+        return
+    explanations = explain_predictions(
+        model, tokenizer, texts, probabilities, batch_size=batch_size, max_length=encoding.max_length
+    )
+    for result, explanation in zip(results, explanations):
+        if output_format == "jsonl":
+            words = explanation.top_words()
+            result["top_words"] = [{"word": word.word, "score": round(word.score, 4)} for word in words]
+        else:
+            result["top_words"] = format_top_words(explanation)
 
 
 # ------------------------------------------------------------------ reading

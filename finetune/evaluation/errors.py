@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,9 @@ import numpy as np
 from ..config.output_files import output_file
 
 LARGEST_LOSSES = 50
+ERROR_COLUMNS = ["text", "true", "predicted", "probability", "true_probability", "loss", "top_words"]
+# Given the mistakes' texts and probabilities, each one's top words as a cell (evaluation/explain.py).
+Explainer = Callable[[list[str], np.ndarray], list[str]]
 
 
 def largest_losses(
@@ -20,14 +23,13 @@ def largest_losses(
 
     The loss of a review is ``-log p(true class)``, so a wrong prediction made
     with high confidence comes before a hesitant one; ``probability`` is the
-    probability of the predicted class.
+    probability of the predicted class; ``top_words`` is empty (see :func:`write_largest_losses`).
     """
     probabilities = np.asarray(probabilities, dtype=np.float64)
     labels = np.asarray(labels)
     true_probability = probabilities[np.arange(len(labels)), labels]
-    # A probability of exactly 0 would be an infinite loss; the order is what matters.
     losses = -np.log(np.clip(true_probability, 1e-12, None))
-    order = np.argsort(-losses, kind="stable")[:count]
+    order = _largest_loss_order(labels, probabilities, count)
     predicted = probabilities.argmax(axis=1)
     return [
         {
@@ -37,6 +39,7 @@ def largest_losses(
             "probability": round(float(probabilities[row, predicted[row]]), 6),
             "true_probability": round(float(true_probability[row]), 6),
             "loss": round(float(losses[row]), 6),
+            "top_words": "",
         }
         for row in order
     ]
@@ -49,12 +52,35 @@ def write_largest_losses(
     probabilities: Any,
     label_names: Sequence[str],
     count: int = LARGEST_LOSSES,
+    explainer: Explainer | None = None,
 ) -> Path:
-    """Write :func:`largest_losses` as CSV (``text, true, predicted, probability, true_probability, loss``)."""
+    """Write :func:`largest_losses` as CSV (``ERROR_COLUMNS``).
+
+    With ``explainer``, each listed mistake (a row whose predicted class is
+    not the true one) gets the words that pushed the model toward its wrong
+    label in ``top_words``; rows it got right are left empty, so the cost is
+    that of explaining at most ``count`` reviews.
+    """
     import pandas as pd
 
     rows = largest_losses(texts, labels, probabilities, label_names, count)
-    columns = ["text", "true", "predicted", "probability", "true_probability", "loss"]
+    listed = _largest_loss_order(labels, probabilities, count)  # the review index of each row
+    wrong = [index for index, row in zip(listed, rows) if row["predicted"] != row["true"]]
+    if explainer is not None and wrong:
+        cells = iter(explainer([texts[index] for index in wrong], np.asarray(probabilities, dtype=np.float64)[wrong]))
+        for row in rows:
+            if row["predicted"] != row["true"]:
+                row["top_words"] = next(cells)
     with output_file(path) as handle:
-        pd.DataFrame(rows, columns=columns).to_csv(handle, index=False)
+        pd.DataFrame(rows, columns=ERROR_COLUMNS).to_csv(handle, index=False)
     return path
+
+
+def _largest_loss_order(labels: Sequence[int], probabilities: Any, count: int) -> np.ndarray:
+    """Review indices of the ``count`` largest losses, largest first (ties in input order)."""
+    probabilities = np.asarray(probabilities, dtype=np.float64)
+    labels = np.asarray(labels)
+    true_probability = probabilities[np.arange(len(labels)), labels]
+    # A probability of exactly 0 would be an infinite loss; the order is what matters.
+    losses = -np.log(np.clip(true_probability, 1e-12, None))
+    return np.argsort(-losses, kind="stable")[:count]

@@ -37,10 +37,17 @@ from transformers import PreTrainedTokenizerBase
 from ..errors import FinetuneError
 
 TOP_K = 5
-# Straight-line steps of the integral (Gauss-Legendre points). Measured on the quickstart run's test
-# reviews (docs/explain.md): the scores' sum is within a few hundredths of the change in log-probability
-# it splits up, and more steps did not change which words rank first.
+# Integrated Gradients from the [PAD] baseline, or the gradient at the review times its embeddings (one pass).
+METHODS = ("integrated_gradients", "gradient_x_input")
+# Straight-line steps of the integral (Captum's Gauss-Legendre points). Measured on 30 quickstart test
+# reviews (docs/explain.md): 16 steps and 32 give the same comprehensiveness (k = 1, 3: identical; k = 5:
+# 0.283 against 0.284), 8 and 4 a little less, at half and a quarter of the cost.
 N_STEPS = 16
+# Said when asked to explain a model that has no gradients (an int8 export without its fp32 model).
+NO_GRADIENTS = (
+    "an int8 export has no gradients to explain with; explain the run folder it was exported from, "
+    "or export again with --fp32_fallback 0.1 to keep its fp32 model beside it"
+)
 # Letters or digits, with inner apostrophes so that "didn't" and "customer's" stay one word.
 WORD_PATTERN = re.compile(r"\w+(?:['’]\w+)*")
 
@@ -77,9 +84,23 @@ class ReviewExplanation:
         return sorted(pushing, key=lambda word: word.score, reverse=True)[:k]
 
 
+def can_explain_folder(model_dir: Path) -> bool:
+    """Whether the model in ``model_dir`` has gradients: PyTorch weights, or an int8 export with its fp32 fallback."""
+    from ..export.fallback import read_fallback
+    from .inference import is_exported_folder
+
+    return not is_exported_folder(model_dir) or read_fallback(model_dir) is not None
+
+
+def require_explainable_folder(model_dir: Path) -> None:
+    """Refuse, before the model loads, to explain an int8 export that keeps no fp32 model."""
+    if not can_explain_folder(model_dir):
+        raise FinetuneError(f"{model_dir}: {NO_GRADIENTS}")
+
+
 def format_top_words(explanation: ReviewExplanation, k: int | None = None) -> str:
-    """The top words as one cell: ``"refund (0.81); broke (0.42)"``."""
-    return "; ".join(f"{word.word} ({word.score:.2f})" for word in explanation.top_words(k))
+    """The top words as one cell: ``"refund (0.81); broke (0.42)"`` (three significant digits)."""
+    return "; ".join(f"{word.word} ({word.score:.3g})" for word in explanation.top_words(k))
 
 
 def explain_reviews(
@@ -91,6 +112,7 @@ def explain_reviews(
     batch_size: int = 16,
     max_length: int | None = None,
     n_steps: int = N_STEPS,
+    method: str = METHODS[0],
 ) -> list[ReviewExplanation]:
     """Explain each review's predicted label: one :class:`ReviewExplanation` per review, in order.
 
@@ -104,51 +126,91 @@ def explain_reviews(
     integration step per forward and backward pass, so memory is that of a
     training batch of ``batch_size``.
     """
-    from ..evaluation.inference import check_batch_size, predict_probabilities
-    from ..export.fallback import Int8WithFallback
+    from ..data.encoding import ReviewEncoding
+    from .inference import check_batch_size, predict_probabilities
+
+    check_batch_size(batch_size)
+    texts = list(reviews)
+    gradient_model = _gradient_model(model, tokenizer)
+    max_length = max_length or _default_max_length(gradient_model, tokenizer)
+    # The label and probabilities are predict's, on the same tokens the scores are for.
+    encoding = ReviewEncoding(max_length=max_length, truncation_side=_truncation_side(tokenizer))
+    probabilities = predict_probabilities(model, tokenizer, texts, batch_size, encoding) if texts else []
+    return explain_predictions(
+        model,
+        tokenizer,
+        texts,
+        probabilities,
+        top_k=top_k,
+        batch_size=batch_size,
+        max_length=max_length,
+        n_steps=n_steps,
+        method=method,
+    )
+
+
+def explain_predictions(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    reviews: Sequence[str],
+    probabilities: Any,
+    *,
+    top_k: int = TOP_K,
+    batch_size: int = 16,
+    max_length: int | None = None,
+    n_steps: int = N_STEPS,
+    method: str = METHODS[0],
+) -> list[ReviewExplanation]:
+    """:func:`explain_reviews` for reviews already scored: ``probabilities`` (one row per review) give the labels.
+
+    For callers that have the probabilities from their own encoding of the
+    reviews (``predict``, ``evaluate``): the words explained are the label they
+    report, and the reviews are not scored twice.
+    """
+    from .inference import check_batch_size
 
     check_batch_size(batch_size)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise FinetuneError(f"top_k must be a whole number >= 1 (got {top_k!r}); pass e.g. top_k=5")
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
         raise FinetuneError(f"n_steps must be a whole number >= 1 (got {n_steps!r}); the default is {N_STEPS}")
+    if method not in METHODS:
+        raise FinetuneError(f"method must be one of {', '.join(METHODS)} (got {method!r})")
+    gradient_model = _gradient_model(model, tokenizer)
+    texts = list(reviews)
+    if not texts:
+        return []
+    probabilities = np.asarray(probabilities, dtype=np.float64)
+    if probabilities.shape != (len(texts), model.config.num_labels):
+        raise ValueError(f"probabilities must be one row of {model.config.num_labels} per review")
+    max_length = max_length or _default_max_length(gradient_model, tokenizer)
+    label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
+    predicted = probabilities.argmax(axis=1)
+    scores = _word_piece_scores(gradient_model, tokenizer, texts, predicted, batch_size, max_length, n_steps, method)
+    return [
+        ReviewExplanation(
+            label=label_names[predicted[index]],
+            probabilities={name: float(p) for name, p in zip(label_names, probabilities[index])},
+            words=_merge_into_words(text, *scores[index]),
+            top_k=top_k,
+        )
+        for index, text in enumerate(texts)
+    ]
+
+
+def _gradient_model(model: Any, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
+    """The PyTorch model whose gradients explain ``model``'s predictions: itself, or an int8 export's fp32 fallback."""
+    from ..export.fallback import Int8WithFallback
+
     gradient_model = model.fp32 if isinstance(model, Int8WithFallback) else model
     if not isinstance(gradient_model, torch.nn.Module):
-        raise FinetuneError(
-            "an int8 export has no gradients to explain with; explain the run folder it was exported from, "
-            "or export again with --fp32_fallback 0.1 to keep its fp32 model beside it"
-        )
+        raise FinetuneError(NO_GRADIENTS)
     if not tokenizer.is_fast:
         raise FinetuneError(
             f"explanations need a fast tokenizer (for its offset mapping), and {type(tokenizer).__name__} is not; "
             "save the model with its tokenizer.json (AutoTokenizer.from_pretrained(..., use_fast=True))"
         )
-    texts = list(reviews)
-    if not texts:
-        return []
-    max_length = max_length or _default_max_length(gradient_model, tokenizer)
-    label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
-
-    # The label and probabilities are predict's, on the same tokens the scores are for.
-    from ..data.encoding import ReviewEncoding
-
-    encoding = ReviewEncoding(max_length=max_length, truncation_side=_truncation_side(tokenizer))
-    probabilities = predict_probabilities(model, tokenizer, texts, batch_size, encoding)
-    predicted = probabilities.argmax(axis=1)
-
-    scores = _word_piece_scores(gradient_model, tokenizer, texts, predicted, batch_size, max_length, n_steps)
-    explanations = []
-    for index, text in enumerate(texts):
-        offsets, piece_scores = scores[index]
-        explanations.append(
-            ReviewExplanation(
-                label=label_names[predicted[index]],
-                probabilities={name: float(p) for name, p in zip(label_names, probabilities[index])},
-                words=_merge_into_words(text, offsets, piece_scores),
-                top_k=top_k,
-            )
-        )
-    return explanations
+    return gradient_model
 
 
 def _default_max_length(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> int:
@@ -176,9 +238,10 @@ def _word_piece_scores(
     batch_size: int,
     max_length: int,
     n_steps: int,
+    method: str,
 ) -> list[tuple[list[tuple[int, int]], np.ndarray]]:
     """For each text: its word pieces' character offsets and Integrated Gradients scores (special tokens excluded)."""
-    from captum.attr import LayerIntegratedGradients
+    from captum.attr import LayerGradientXActivation, LayerIntegratedGradients
 
     device = next(model.parameters()).device
     model.eval()
@@ -189,7 +252,9 @@ def _word_piece_scores(
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
         return torch.log_softmax(logits.float(), dim=-1)
 
-    integrated = LayerIntegratedGradients(log_probabilities, model.get_input_embeddings())
+    embeddings = model.get_input_embeddings()
+    integrated = LayerIntegratedGradients(log_probabilities, embeddings)
+    local = LayerGradientXActivation(log_probabilities, embeddings)
     results: list[Any] = [None] * len(texts)
     # Sorted by length, so a batch pads only to its own longest review (padding is wasted compute).
     order = np.argsort([len(text) for text in texts], kind="stable")
@@ -210,15 +275,20 @@ def _word_piece_scores(
         is_piece = (batch["special_tokens_mask"] == 0).to(device) & (attention_mask == 1)
         baseline = torch.where(is_piece, torch.full_like(input_ids, pad_id), input_ids)
         target = torch.as_tensor(predicted[chosen], device=device)
-        attributions = integrated.attribute(
-            inputs=input_ids,
-            baselines=baseline,
-            additional_forward_args=(attention_mask,),
-            target=target,
-            n_steps=n_steps,
-            # One step of every review in the batch per pass: memory of one batch_size batch.
-            internal_batch_size=len(chosen),
-        )
+        # Gradients even when the caller runs under inference_mode or no_grad (a server answering requests).
+        with torch.inference_mode(False), torch.enable_grad():
+            if method == "integrated_gradients":
+                attributions = integrated.attribute(
+                    inputs=input_ids,
+                    baselines=baseline,
+                    additional_forward_args=(attention_mask,),
+                    target=target,
+                    n_steps=n_steps,
+                    # One step of every review in the batch per pass: memory of one batch_size batch.
+                    internal_batch_size=len(chosen),
+                )
+            else:
+                attributions = local.attribute(input_ids, additional_forward_args=(attention_mask,), target=target)
         piece_scores = attributions.sum(dim=-1).detach().float().cpu().numpy()
         for row, index in enumerate(chosen):
             kept = is_piece[row].cpu().numpy()
