@@ -20,7 +20,7 @@ from finetune.config.recipes import valid_keys
 PROJECT = Path(__file__).parent.parent
 PAGES = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md"))]
 # Subcommands whose unknown flags are recipe fields (the rest take only their own options).
-TAKES_RECIPE_FIELDS = {"train", "distill", "bench", "baseline", "tune"}
+TAKES_RECIPE_FIELDS = {"train", "distill", "check", "bench", "baseline", "tune"}
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:

@@ -78,6 +78,8 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
     own_flags = without_flags(overrides, {f"--{name}": True for name in SAMPLE_FIELDS})
     own = load_recipe(recipe, own_flags)
     columns = check_columns(entry, own.data)
+    if own.data.class_names:  # named by the recipe: checked before its data is read (or downloaded)
+        check_label_bins(entry, list(own.data.class_names), recipe)
     own_data = load_review_data(own.data, seed=own.training.seed)
     label_bins = check_label_bins(entry, own_data.label_names, recipe)
     own_rows = own_split_sizes(own_data)
