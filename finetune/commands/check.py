@@ -22,11 +22,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from ..errors import FinetuneError
+
+if TYPE_CHECKING:
+    from ..config.arguments import DataArguments
+    from ..data.catalog import CatalogEntry
+    from ..data.splits import ReviewData
 
 CHECK_RECIPE = "check-recipe.yaml"
 # The fields that say where a recipe's reviews are and how their columns become classes: the check replaces them.
@@ -103,7 +108,7 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
     return train_seeds(str(check_recipe), overrides, seeds)
 
 
-def check_label_bins(entry: Any, classes: list[str], recipe: str) -> dict[str, list[float]]:
+def check_label_bins(entry: CatalogEntry, classes: list[str], recipe: str) -> dict[str, list[float]]:
     """The entry's ``label_bins`` for the recipe's ``classes``, in the recipe's class order; an error if it has none."""
     for bins in entry.check_label_bins:
         if set(bins) == set(classes) and len(bins) == len(classes):
@@ -115,7 +120,7 @@ def check_label_bins(entry: Any, classes: list[str], recipe: str) -> dict[str, l
     )
 
 
-def check_columns(entry: Any, own_data_args: Any) -> dict[str, str]:
+def check_columns(entry: CatalogEntry, own_data_args: DataArguments) -> dict[str, str]:
     """The check data's column fields for a recipe: its title only if the recipe reads titles too."""
     columns = dict(entry.check_columns)
     if not own_data_args.title_column or not columns.get("title_column"):
@@ -150,7 +155,7 @@ def check_recipe_values(
     }
 
 
-def own_split_sizes(own_data: Any) -> dict[str, int]:
+def own_split_sizes(own_data: ReviewData) -> dict[str, int]:
     """How many reviews a recipe's own run trains, validates and tests on (titles trained alone not counted)."""
     rows = dict(own_data.report.rows)
     rows["train"] = rows.get("train", 0) - own_data.report.title_reviews
@@ -171,7 +176,7 @@ def _sizes(rows: dict[str, int]) -> str:
     return " / ".join(f"{count} {split}" for split, count in rows.items())
 
 
-def _header(recipe: str, entry: Any, own_rows: dict[str, int], values: dict[str, Any]) -> str:
+def _header(recipe: str, entry: CatalogEntry, own_rows: dict[str, int], values: dict[str, Any]) -> str:
     return (
         f"# {recipe}'s settings on the check dataset {entry.name} ({entry.card}), which no recipe is tuned on.\n"
         f"# Written by 'finetune check {recipe} {entry.name}': a seeded draw of {values['max_train_samples']} "
