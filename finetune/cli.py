@@ -13,7 +13,8 @@
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE]`` | :func:`finetune.commands.predict.predict` |
 | ``export MODEL --int8 [--output DIR] [--backend B] [--fp32_fallback M]`` | :func:`finetune.commands.export.export` |
-| ``bench RECIPE [--updates N] [--output FILE] [--memory]`` | :func:`finetune.commands.bench.bench` |
+| ``serve MODEL [--host H] [--port N] [--token T] [--max_reviews N] ...`` | :func:`finetune.commands.serve.serve` |
+| ``bench RECIPE [--updates N] [--output FILE] [--memory] [--device D]`` | :func:`finetune.commands.bench.bench` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
 | ``model list [--cache_dir DIR]`` | :func:`finetune.training.fetched_models.fetched_models_table` |
@@ -79,17 +80,18 @@ def _distill(options: argparse.Namespace, extra: list[str]) -> None:
     if options.teacher in ("-h", "--help") or "-h" in extra or "--help" in extra:
         from .config.recipes import build_parser
 
-        print("usage: finetune distill TEACHER_RUN RECIPE [--field value ...]\n")
+        print("usage: finetune distill TEACHER_RUN RECIPE [--seeds N] [--field value ...]\n")
         print("  TEACHER_RUN  a run folder made by 'finetune train' (e.g. an MPNet run); it labels the recipe's")
         print("               training reviews (and unlabeled_file's) once, cached; the recipe's model learns")
-        print("               from those probabilities (distill_alpha, distill_temperature) and the labels\n")
+        print("               from those probabilities (distill_alpha, distill_temperature) and the labels")
+        print("  --seeds N    one student per seed (seed, seed+1, ...) into OUTPUT_DIR/seed-<seed>, as train --seeds\n")
         build_parser().print_help()
         return
     if options.recipe is None:
         raise FinetuneError("finetune distill needs a teacher run and a recipe: finetune distill TEACHER_RUN RECIPE")
     from .commands.distill import distill
 
-    distill(options.teacher, options.recipe, extra)
+    distill(options.teacher, options.recipe, extra, options.seeds)
 
 
 def _check(options: argparse.Namespace, extra: list[str]) -> None:
@@ -158,6 +160,24 @@ def _export(options: argparse.Namespace, extra: list[str]) -> None:
     )
 
 
+def _serve(options: argparse.Namespace, extra: list[str]) -> None:
+    from .commands.serve import serve
+
+    serve(
+        options.model,
+        host=options.host,
+        port=options.port,
+        token=options.token,
+        max_body_bytes=options.max_body_bytes,
+        max_reviews=options.max_reviews,
+        max_review_chars=options.max_review_chars,
+        max_batch_size=options.max_batch_size,
+        max_wait_ms=options.max_wait_ms,
+        access_log=options.access_log,
+        threads=options.threads,
+    )
+
+
 def _bench(options: argparse.Namespace, extra: list[str]) -> None:
     from .commands.bench import bench
 
@@ -168,6 +188,7 @@ def _bench(options: argparse.Namespace, extra: list[str]) -> None:
         output=options.output,
         memory=options.memory,
         inference=not options.no_inference,
+        device=options.device,
     )
 
 
@@ -230,6 +251,17 @@ def seed_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535 (got {value})")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number >= 1 (a batch of 0 or -1 reviews is a mistake, not a setting)."""
     try:
@@ -278,6 +310,7 @@ def build_cli() -> argparse.ArgumentParser:
     )
     distill.add_argument("teacher", nargs="?", help="a trained run folder, e.g. runs/drugscom-mpnet")
     distill.add_argument("recipe", nargs="?", help="the student's recipe YAML file, e.g. recipes/drugscom.yaml")
+    distill.add_argument("--seeds", type=positive_int, help="one student per seed; report mean and standard deviation")
     distill.set_defaults(handler=_distill)
 
     check = commands.add_parser(
@@ -379,6 +412,43 @@ def build_cli() -> argparse.ArgumentParser:
     )
     export.set_defaults(handler=_export)
 
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model over HTTP (/predict, /explain, a page at /); needs: pip install 'finetune[serve]'",
+    )
+    serve.add_argument("model", help="a run folder, a checkpoint or an int8 export folder")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1: this machine only)"
+    )
+    serve.add_argument("--port", type=port_number, default=8000, help="the port (default: 8000; 0: any free port)")
+    serve.add_argument(
+        "--token", help="require 'Authorization: Bearer TOKEN' (default: $FINETUNE_SERVE_TOKEN; none if unset)"
+    )
+    serve.add_argument(
+        "--max_body_bytes", type=positive_int, default=1_000_000, help="largest request body (default: 1000000)"
+    )
+    serve.add_argument("--max_reviews", type=positive_int, default=256, help="most reviews a request (default: 256)")
+    serve.add_argument(
+        "--max_review_chars", type=positive_int, default=20_000, help="longest review in characters (default: 20000)"
+    )
+    serve.add_argument(
+        "--max_batch_size",
+        type=positive_int,
+        default=64,
+        help="most reviews of concurrent requests scored in one model call (default: 64)",
+    )
+    serve.add_argument(
+        "--max_wait_ms",
+        type=float,
+        default=5.0,
+        help="how long a request waits for others to share its model call (default: 5)",
+    )
+    serve.add_argument(
+        "--threads", type=positive_int, help="torch threads for the model (default: one per core; 1 on a busy machine)"
+    )
+    serve.add_argument("--access_log", action="store_true", help="log every request on stderr")
+    serve.set_defaults(handler=_serve)
+
     bench = commands.add_parser(
         "bench",
         help="ReviewTrainer vs stock Trainer vs the classic loop on a recipe; --memory for peak memory against n",
@@ -389,6 +459,9 @@ def build_cli() -> argparse.ArgumentParser:
     bench.add_argument("--output", help="also save the report as JSON here")
     bench.add_argument("--memory", action="store_true", help="peak memory of ReviewTrainer for n in 1, 4, 16 and 4b")
     bench.add_argument("--no_inference", action="store_true", help="skip the prediction throughput comparison")
+    bench.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the systems train (default: cpu)"
+    )
     bench.set_defaults(handler=_bench)
 
     _add_list_and_fetch(

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The server tests' shared fixtures (served_run, token_server).
+pytest_plugins = ["serving"]
+
 # Tests never reach the Hugging Face Hub; fail fast instead of waiting on it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

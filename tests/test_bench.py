@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import tiny_recipe
 
 from finetune.cli import main
@@ -41,6 +42,15 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
             assert row[field] > 0 or (field == "pad_fraction" and row[field] >= 0), field
     assert report["same_samples"] is True
     assert len({tuple(row["sample_ids"]) for row in report["systems"]}) == 1
+    assert (report["device"], report["precision"], report["gemm_peak_dtype"]) == ("cpu", "fp32", "fp32")
+    # Host syncs per update: ReviewTrainer reads the device once an update, stock Trainer at least once per
+    # micro-batch (n = 2 here), the classic loop not at all (it reads its loss after the loop only).
+    syncs = {row["system"]: row["host_syncs_per_update"] for row in report["systems"]}
+    assert syncs == {"ReviewTrainer": 1, "stock Trainer": pytest.approx(syncs["stock Trainer"]), "classic loop": 0}
+    assert syncs["stock Trainer"] >= 2
+    # The model's own (transformers' padding check, once a forward) are the same in every system.
+    assert len({row["model_host_syncs_per_update"] for row in report["systems"]}) == 1
+    assert all("peak_gpu_memory_mib" not in row for row in report["systems"])
     # The classic loop pads every review to max_length; the others pad per batch.
     classic = report["systems"][2]
     assert classic["pad_fraction"] > max(row["pad_fraction"] for row in report["systems"][:2])
@@ -70,6 +80,7 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
     weights = prediction["vs_fp32"]["predict int8 weights only"]
     assert weights["speedup"] > 0 and 0.0 <= weights["agreement"] <= 1.0 and weights["backend"] == "openvino"
     text = capsys.readouterr().out
+    assert "| host syncs/update (loop + model) |" in text and "| ReviewTrainer |" in text
     # Ratios come first, then the table.
     assert text.index("ReviewTrainer real tokens/s vs stock Trainer") < text.index("| system |")
     assert "int8 prediction (openvino) vs fp32:" in text and "| predict int8 |" in text
@@ -121,6 +132,29 @@ def test_balanced_class_weights_come_from_the_whole_train_split(tmp_path, tiny_m
     labels = load_review_data(run.data, seed=run.training.seed).splits["train"]["labels"]
     expected = compute_class_weight("balanced", classes=np.arange(3), y=np.asarray(labels))
     assert np.allclose(report["class_weights"], expected)
+
+
+def test_mixed_precision_and_fused_adamw_are_bench_options(tmp_path, tiny_model_dir):
+    # bf16 autocast and fused AdamW run on the CPU too: every system trains with them, the peak is bf16's.
+    output = tmp_path / "bench.json"
+    recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
+    flags = ["--updates", "1", "--no_inference", "--output", str(output), "--bf16", "true"]
+    assert main(["bench", recipe, *flags, "--optim", "adamw_torch_fused"]) == 0
+    report = json.loads(output.read_text())
+    assert (report["precision"], report["gemm_peak_dtype"]) == ("bf16", "bf16")
+    assert [row["updates"] for row in report["systems"]] == [1, 1, 1]
+    assert all(np.isfinite(row["train_loss"]) for row in report["systems"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_without_a_gpu_is_a_one_line_error(tmp_path, tiny_model_dir, capsys):
+    recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
+    assert main(["bench", recipe, "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: --device cuda: no CUDA device is available to this process; run on a machine with a GPU "
+        "(and a CUDA build of PyTorch) or pass --device cpu"
+    ]
 
 
 def test_too_many_updates_is_a_one_line_error(tmp_path, tiny_model_dir, capsys):

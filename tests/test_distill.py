@@ -183,3 +183,22 @@ def test_a_teacher_whose_model_does_not_work_is_refused(tmp_path, tiny_model_dir
     err = _refused(["distill", str(teacher), str(recipe)], capsys)
     assert "id2label" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_seeds_train_one_student_each_and_reuse_finished_students(tmp_path, tiny_model_dir, teacher_run, capsys):
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "students", **QUICK)
+    argv = ["distill", str(teacher_run), str(recipe), "--seeds", "2", "--max_steps", "1"]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "students" / "seeds.json").read_text())
+    assert summary["seeds"] == [42, 43]
+    for seed in (42, 43):
+        run = json.loads((tmp_path / "students" / f"seed-{seed}" / "finetune_run.json").read_text())
+        assert run["distillation"]["teacher"] == str(teacher_run.resolve()) and run["seed"] == seed
+    capsys.readouterr()
+    (tmp_path / "students" / "seeds.json").unlink()
+    assert main(argv) == 0  # the same students again: read back, not trained
+    assert capsys.readouterr().err.count("finished before") == 2
+    # A plain run's seeds are not the students': the folders are refused, not reused.
+    (tmp_path / "students" / "seeds.json").unlink()
+    err = _refused(["train", str(recipe), "--seeds", "2", "--max_steps", "1"], capsys)
+    assert "already holds a run finished with other recipe values" in err

@@ -1,13 +1,16 @@
 """Docs that cannot rot: every ``finetune`` command shown in README.md and docs/ still parses.
 
-The commands in the pages' code blocks are collected and checked against the
-real CLI: the subcommand exists, every flag is an option of it or a recipe
-field (so renaming a documented flag fails here), and every recipe file named
-exists.
+The commands in the pages' code blocks (docs/ and its folders, and the recipes
+reference the site generates) are collected and checked against the real CLI:
+the subcommand exists, every flag is an option of it or a recipe field (so
+renaming a documented flag fails here), and every recipe file named exists.
+The generated reference lists every field with its help.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -15,24 +18,51 @@ from pathlib import Path
 import pytest
 
 from finetune.cli import build_cli
-from finetune.config.recipes import valid_keys
+from finetune.config.arguments import DataArguments, FinetuneTrainingArguments, ModelArguments
+from finetune.config.recipes import ALIASES, valid_keys
 
 PROJECT = Path(__file__).parent.parent
-PAGES = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md"))]
+
+
+def _reference_tool():
+    """tools/recipes_reference.py, the MkDocs hook that writes the recipes reference."""
+    spec = importlib.util.spec_from_file_location("recipes_reference", PROJECT / "tools" / "recipes_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REFERENCE_TOOL = _reference_tool()
+try:
+    REFERENCE, REFERENCE_ERROR = REFERENCE_TOOL.render(), None
+except Exception as error:  # reported by the reference's own test below, not as an error collecting every test here
+    REFERENCE, REFERENCE_ERROR = "", error
+# (name, text) of every page: the README, docs/**/*.md, and the generated reference.
+PAGES = [
+    (str(path.relative_to(PROJECT)), path.read_text(encoding="utf-8"))
+    for path in [PROJECT / "README.md", *sorted((PROJECT / "docs").rglob("*.md"))]
+] + [("docs/reference/recipes.md (generated)", REFERENCE)]
 # Subcommands whose unknown flags are recipe fields (the rest take only their own options).
 TAKES_RECIPE_FIELDS = {"train", "distill", "check", "bench", "baseline", "tune"}
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
-    """``(where, argv)`` for every ``finetune ...`` command in a fenced code block of the pages."""
+    """``(where, argv)`` for every ``finetune ...`` command in a fenced code block of the pages.
+
+    On the benchmarks pages, also every command of a provenance line (``- ... `finetune ...` ... · commit · machine``),
+    so a row's command stays one that can be run again.
+    """
     found = []
-    for page in PAGES:
+    for name, text in PAGES:
         in_code = False
-        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(text.splitlines(), start=1):
             if line.lstrip().startswith("```"):
                 in_code = not in_code
                 continue
             if not in_code:
+                if name.startswith("docs/benchmarks/") and line.startswith("- ") and " · " in line:
+                    for command in re.findall(r"`(finetune [^`]+)`", line):
+                        found.append((f"{name}:{number}", shlex.split(command)[1:]))
                 continue
             line = line.lstrip("$ ").rstrip("\\").strip()
             for part in re.split(r"&&|;|\|", line):
@@ -46,7 +76,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
                 if words[:3] == ["python", "-m", "finetune"]:
                     words = ["finetune", *words[3:]]
                 if len(words) >= 2 and words[0] == "finetune":
-                    found.append((f"{page.relative_to(PROJECT)}:{number}", words[1:]))
+                    found.append((f"{name}:{number}", words[1:]))
     return found
 
 
@@ -77,6 +107,55 @@ def test_a_documented_command_parses(where, argv):
 
 
 def test_every_recipe_a_page_names_exists():
-    for page in PAGES:
-        for name in set(re.findall(r"recipes/[\w.-]+\.yaml", page.read_text(encoding="utf-8"))):
-            assert (PROJECT / name).is_file(), f"{page.name} names {name}, which does not exist"
+    for page, text in PAGES:
+        for name in set(re.findall(r"recipes/[\w.-]+\.yaml", text)):
+            assert (PROJECT / name).is_file(), f"{page} names {name}, which does not exist"
+
+
+def test_the_pages_under_docs_folders_are_read():
+    names = [name for name, _ in PAGES]
+    assert any(name.startswith("docs/benchmarks/") for name in names)
+    assert "docs/reference/api.md" in names
+
+
+RECIPE_FIELDS = [
+    field for cls in (ModelArguments, DataArguments, FinetuneTrainingArguments) for field in dataclasses.fields(cls)
+]
+
+
+@pytest.mark.parametrize("field", [field for field in RECIPE_FIELDS if field.init], ids=lambda field: field.name)
+def test_every_field_has_help(field):
+    assert field.metadata.get("help", "").strip(), f"{field.name} has no help: add metadata={{'help': ...}}"
+
+
+def test_the_reference_lists_every_field_once_with_its_help():
+    assert REFERENCE_ERROR is None, f"tools/recipes_reference.py failed: {REFERENCE_ERROR}"
+    rows = re.findall(r"^\| `(\w+)` \| .* \| (.*) \|$", REFERENCE, flags=re.MULTILINE)
+    listed = [name for name, _ in rows]
+    assert sorted(listed) == sorted(set(listed)), "a field is listed twice"
+    assert set(listed) == valid_keys() - set(ALIASES)
+    help_by_name = dict(rows)
+    for field in RECIPE_FIELDS:
+        if field.init:
+            assert help_by_name[field.name] == REFERENCE_TOOL.markdown_cell(field.metadata["help"]), field.name
+    for alias in ALIASES:
+        assert f"`{alias}`" in REFERENCE
+
+
+def heading_slugs(page: Path) -> set[str]:
+    """The anchors of a page's headings, as MkDocs' toc extension makes them."""
+    slugs = set()
+    for heading in re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\s-]", "", heading).strip().lower()
+        slugs.add(re.sub(r"[-\s]+", "-", slug))
+    return slugs
+
+
+@pytest.mark.parametrize("recipe", sorted((PROJECT / "recipes").glob("*.yaml")), ids=lambda path: path.name)
+def test_a_recipe_header_links_to_a_heading_that_exists(recipe):
+    header = recipe.read_text(encoding="utf-8").split("\n\n", 1)[0]
+    links = re.findall(r"(docs/[\w/.-]+\.md)#([\w-]+)", header)
+    assert links, f"{recipe.name}'s header links to no docs page (e.g. docs/benchmarks/quality.md#...)"
+    for page, anchor in links:
+        assert (PROJECT / page).is_file(), f"{recipe.name} links to {page}, which does not exist"
+        assert anchor in heading_slugs(PROJECT / page), f"{recipe.name} links to {page}#{anchor}: no such heading"

@@ -8,7 +8,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).parent.parent / "finetune"
 # Lowest first. Top-level modules: errors.py is the floor; cli.py, __init__.py and __main__.py the roof.
 # export sits between training (it reads run records and pooling) and evaluation (inference runs its models).
-LAYERS = ["errors", "config", "data", "training", "export", "evaluation", "commands", "cli"]
+# serve sits above evaluation (it answers with inference and explanations), below commands (serve starts it).
+LAYERS = ["errors", "config", "data", "training", "export", "evaluation", "serve", "commands", "cli"]
 
 
 def layer_of(module: str) -> int:

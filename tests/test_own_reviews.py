@@ -93,3 +93,15 @@ def test_bad_own_data_is_one_line(tmp_path, capsys, rows, flags, message):
     last = err.splitlines()[-1]
     assert last.startswith("error: ") and message in last
     assert not (tmp_path / "out").exists()
+
+
+def test_the_written_recipe_keeps_list_and_bare_flags(tmp_path):
+    from finetune.commands.own_reviews import recipe_text
+
+    # Several words after one flag are one list value; a flag with no value is true.
+    flags = ["--train_file", str(TRAIN), "--text_column", "review", "--label_column", "stars"]
+    flags += ["--class_names", "1", "2", "3", "4", "5", "--output_dir", str(tmp_path / "out"), "--use_cpu"]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(recipe_text(flags))
+    again = load_recipe(str(recipe))
+    assert again.data.class_names == ["1", "2", "3", "4", "5"] and again.training.use_cpu is True

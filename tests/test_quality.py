@@ -184,6 +184,19 @@ def test_head_warm_up_leaves_the_encoder_untouched_then_trains_it(fresh_tiny_mod
     assert not torch.equal(snapshots[2][0], start_encoder)
 
 
+def test_trainable_layers_trains_only_the_top_layers_and_the_head(fresh_tiny_model, tokenizer, tmp_path):
+    start = {name: parameter.detach().clone() for name, parameter in fresh_tiny_model.named_parameters()}
+    trainer = _trainer(fresh_tiny_model, tokenizer, tmp_path, learning_rate=1e-2, trainable_layers=1)
+    trainer.train()
+    # 2 layers: layer 1 and the head learn; layer 0 and the embeddings keep their pretrained values.
+    for name, parameter in fresh_tiny_model.named_parameters():
+        frozen = name.startswith(("bert.embeddings.", "bert.encoder.layer.0."))
+        assert torch.equal(parameter, start[name]) == frozen, name
+        assert parameter.requires_grad != frozen, name
+    optimized = {id(parameter) for group in trainer.optimizer.param_groups for parameter in group["params"]}
+    assert optimized == {id(p) for p in fresh_tiny_model.parameters() if p.requires_grad}
+
+
 def test_early_stopping_needs_the_best_model_kept(tmp_path):
     from helpers import quiet_args
 
@@ -193,6 +206,8 @@ def test_early_stopping_needs_the_best_model_kept(tmp_path):
         quiet_args(tmp_path, early_stopping_patience=2)
     with pytest.raises(FinetuneError, match="layerwise_lr_decay must be in"):
         quiet_args(tmp_path, layerwise_lr_decay=1.5)
+    with pytest.raises(FinetuneError, match="trainable_layers must be >= 1"):
+        quiet_args(tmp_path, trainable_layers=0)
 
 
 # ------------------------------------------------------------------ seeds

@@ -8,6 +8,16 @@ resident memory, achieved GFLOP/s from :mod:`finetune.commands.flops`, and that 
 share of a matrix-multiply peak measured here at start (MFU). Ratios against
 ReviewTrainer come first. Timings are for reading, never for asserting.
 
+``--device cuda`` trains the three systems on the GPU, in the recipe's
+precision (``--bf16 true``, or ``--fp16 true`` with a GradScaler, as
+overrides), against a GEMM peak measured there in that precision, and adds
+each system's peak GPU memory. Every system's row counts its host syncs per
+update (see :mod:`finetune.training.host_syncs`): the loop's own, the model's
+forward's, and on CUDA every sync CUDA's sync debug mode reports. Speed-up
+settings are overrides too (``--optim adamw_torch_fused``, ``--torch_compile
+true``), which the classic loop follows where it can (fused AdamW, precision).
+The prediction rows stay on the CPU.
+
 ``--memory`` runs ReviewTrainer alone at micro-batch b with n in {1, 4, 16}
 and at 4b with n = 1, on identical micro-batches and the same samples (``--updates``
 counts updates at n = 16), to show that accumulation costs no activation memory.
@@ -57,8 +67,12 @@ def bench(
     output: str | None = None,
     memory: bool = False,
     inference: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Run the bench on ``recipe`` and return (and print, and save to ``output``) its report."""
+    """Run the bench on ``recipe`` and return (and print, and save to ``output``) its report.
+
+    ``device`` is where the training systems run: ``cpu`` or ``cuda``.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
@@ -71,6 +85,11 @@ def bench(
 
     if updates < 1:
         raise FinetuneError(f"--updates must be >= 1 (got {updates}); try --updates 20")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise FinetuneError(
+            "--device cuda: no CUDA device is available to this process; run on a machine with a GPU "
+            "(and a CUDA build of PyTorch) or pass --device cpu"
+        )
     if output:
         check_output_file(output)
     overrides = list(overrides or [])
@@ -93,7 +112,11 @@ def bench(
         "hidden_size": config.hidden_size,
     }
     del model
-    gemm_peak = measure_gemm_peak()
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    gemm_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    # A GPU needs bigger products (and more of them) to reach its peak than 2 CPU cores.
+    gemm_size, gemm_repeats = (8192, 20) if device == "cuda" else (2048, 8)
+    gemm_peak = measure_gemm_peak(gemm_size, gemm_repeats, device=device, dtype=gemm_dtype)
     load = os.getloadavg()[0]
     if load > 0.5 * (os.cpu_count() or 1):
         # Timings are only comparable on an otherwise idle machine.
@@ -122,8 +145,9 @@ def bench(
         class_weights = class_weights_for(
             getattr(args, "class_weighting", "none"), encoded["train"]["labels"], len(data.label_names)
         )
-        if class_weights is not None:
-            for spec in specs:
+        for spec in specs:
+            spec.device = device
+            if class_weights is not None:
                 spec.class_weights = [float(w) for w in class_weights]
         results = _run_children(specs)
     finally:
@@ -133,6 +157,8 @@ def bench(
         "recipe": recipe,
         "overrides": overrides,
         "mode": "memory" if memory else "speed",
+        "device": device if device == "cpu" else f"cuda: {torch.cuda.get_device_name()}",
+        "precision": precision,
         "class_weights": class_weights,
         "updates": updates,
         "micro_batch": micro_batch,
@@ -141,6 +167,7 @@ def bench(
         "threads": torch.get_num_threads(),
         "load_average_at_start": load,
         "gemm_peak_gflops": gemm_peak,
+        "gemm_peak_dtype": precision,
         "model": model_shape,
         "flop_formula": "3 x sum over samples of (2 N s + 4 L d s^2), s = real tokens (see finetune/flops.py)",
     }
@@ -363,6 +390,20 @@ def _speed_row(result: dict[str, Any], model_shape: dict[str, int], gemm_peak: f
         "mfu": gflops / gemm_peak,
         "train_loss": result["train_loss"],
         "sample_ids": result["sample_ids"],
+        # Reads of a tensor into Python per update: the loop's, and those inside the model's forward.
+        "host_syncs_per_update": result["host_syncs"] / result["updates"],
+        "model_host_syncs_per_update": result["model_host_syncs"] / result["updates"],
+        **_gpu_fields(result),
+    }
+
+
+def _gpu_fields(result: dict[str, Any]) -> dict[str, float]:
+    """Peak GPU memory and every sync CUDA reported per update, for a system trained on CUDA ({} otherwise)."""
+    if result.get("peak_gpu_memory_bytes") is None:
+        return {}
+    return {
+        "peak_gpu_memory_mib": result["peak_gpu_memory_bytes"] / MIB,
+        "cuda_syncs_per_update": result["cuda_syncs"] / result["updates"],
     }
 
 
@@ -442,6 +483,7 @@ def _memory_row(result: dict[str, Any]) -> dict[str, Any]:
         "samples": result["samples"],
         "peak_rss_mib": result["peak_rss_bytes"] / MIB,
         "training_increase_mib": (result["peak_rss_bytes"] - result["rss_before_training_bytes"]) / MIB,
+        **_gpu_fields(result),
     }
 
 
@@ -451,21 +493,27 @@ def format_speed_report(report: dict[str, Any]) -> str:
         f"bench: {report['recipe']}, {report['updates']} updates of {report['micro_batch']} x "
         f"{report['gradient_accumulation_steps']} samples, {report['threads']} threads, "
         f"GEMM peak {report['gemm_peak_gflops']:.0f} GFLOP/s",
+        f"device {report['device']}, {report['precision']}",
         "",
     ]
     for name, ratio in report["ratios"].items():
         lines.append(f"ReviewTrainer real tokens/s vs {name.split(' vs ')[1]}: {ratio:.2f}x")
     lines.append(f"same samples in every system: {'yes' if report['same_samples'] else 'NO'}")
+    on_gpu = "peak_gpu_memory_mib" in report["systems"][0]
+    gpu_columns = " peak GPU MiB | CUDA syncs/update |" if on_gpu else ""
     lines += [
         "",
-        "| system | seconds | samples/s | real tokens/s | pad fraction | peak RSS MiB | GFLOP/s | MFU |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| system | seconds | samples/s | real tokens/s | pad fraction | peak RSS MiB | GFLOP/s | MFU "
+        f"| host syncs/update (loop + model) |{gpu_columns}",
+        "| --- " * (9 + 2 * on_gpu) + "|",
     ]
     for row in report["systems"]:
+        gpu_cells = f" {row['peak_gpu_memory_mib']:.0f} | {row['cuda_syncs_per_update']:.1f} |" if on_gpu else ""
         lines.append(
             f"| {row['system']} | {row['seconds']:.1f} | {row['samples_per_second']:.2f} | "
             f"{row['real_tokens_per_second']:.0f} | {row['pad_fraction']:.1%} | {row['peak_rss_mib']:.0f} | "
-            f"{row['gflops']:.1f} | {row['mfu']:.1%} |"
+            f"{row['gflops']:.1f} | {row['mfu']:.1%} | "
+            f"{row['host_syncs_per_update']:.1f} + {row['model_host_syncs_per_update']:.1f} |{gpu_cells}"
         )
     if "inference" in report:
         row = report["inference"]

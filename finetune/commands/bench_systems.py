@@ -45,6 +45,7 @@ class SystemSpec:
     # ReviewTrainer's class weights, from the recipe's whole train split: the bench's few
     # reviews may lack a class, and then no "balanced" weights could be computed from them.
     class_weights: list[float] | None = None
+    device: str = "cpu"  # where a training system trains: "cpu" or "cuda"
 
 
 def run_in_child(spec: SystemSpec, queue: Any) -> None:
@@ -108,6 +109,7 @@ def _load(spec: SystemSpec) -> tuple[Any, Any, Any, Any]:
             *spec.overrides,
             *spec.extra_overrides,
             *("--output_dir", output_dir, "--max_steps", str(spec.updates), "--num_train_epochs", "1"),
+            *("--use_cpu", "true" if spec.device == "cpu" else "false"),
             *("--eval_strategy", "no", "--save_strategy", "no", "--logging_strategy", "no"),
             *("--report_to", "none", "--disable_tqdm", "true", "--load_best_model_at_end", "false"),
             # The bench's collator needs the sample ids and lengths that Trainer would drop.
@@ -164,6 +166,8 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     import psutil
     import torch
 
+    from ..training.host_syncs import CudaSyncWarnings, HostReadsWindow, counting_host_reads
+
     run, tokenizer, model, samples = _load(spec)
     args = run.training
     # Exactly the samples of `updates` windows, so a prefetching loader cannot collate more.
@@ -171,32 +175,48 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     pad_to = run.data.max_length if spec.system == CLASSIC_LOOP else None
     collator = RecordingCollator(tokenizer, pad_to_max_length=pad_to)
     rss_before = psutil.Process().memory_info().rss
+    on_gpu = spec.device == "cuda"
+    if on_gpu:
+        # Outside the timed span: CUDA's start-up and the weights' copy are no system's doing.
+        model.to(spec.device)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
 
-    started = time.perf_counter()
-    if spec.system == CLASSIC_LOOP:
-        final_loss = _classic_loop(model, samples, collator, args, spec.updates, queue)
-        updates = spec.updates
-    else:
-        from transformers import Trainer
+    # Host syncs are counted during the timed run itself: the patched methods cost every system alike.
+    cuda_syncs = CudaSyncWarnings()
+    with counting_host_reads(spec.device) as host_reads, cuda_syncs.recording():
+        counters = (host_reads, cuda_syncs) if on_gpu else (host_reads,)
+        started = time.perf_counter()
+        if spec.system == CLASSIC_LOOP:
+            final_loss = _classic_loop(model, samples, collator, args, spec.updates, queue, spec.device, counters)
+            updates = spec.updates
+        else:
+            from transformers import Trainer
 
-        from ..training.trainer import ReviewTrainer
+            from ..training.trainer import ReviewTrainer
 
-        review_trainer = spec.system == REVIEW_TRAINER
-        trainer = (ReviewTrainer if review_trainer else Trainer)(
-            model=model,
-            args=args,
-            train_dataset=samples,
-            data_collator=collator,
-            callbacks=[_progress_callback(queue)],
-            **({"class_weights": spec.class_weights} if review_trainer and spec.class_weights else {}),
-        )
-        result = trainer.train()
-        final_loss = result.training_loss
-        updates = result.global_step
-    seconds = time.perf_counter() - started
+            review_trainer = spec.system == REVIEW_TRAINER
+            trainer = (ReviewTrainer if review_trainer else Trainer)(
+                model=model,
+                args=args,
+                train_dataset=samples,
+                data_collator=collator,
+                callbacks=[_progress_callback(queue), HostReadsWindow(*counters)],
+                **({"class_weights": spec.class_weights} if review_trainer and spec.class_weights else {}),
+            )
+            result = trainer.train()
+            final_loss = result.training_loss
+            updates = result.global_step
+        if on_gpu:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
 
     peak_rss = peak_rss_bytes()
     return {
+        "host_syncs": host_reads.count,
+        "model_host_syncs": host_reads.model_count,
+        "cuda_syncs": cuda_syncs.count if on_gpu else None,
+        "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
         "system": spec.system,
         "seconds": seconds,
         "updates": updates,
@@ -214,8 +234,23 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     }
 
 
-def _classic_loop(model: Any, samples: Any, collator: Any, args: Any, updates: int, queue: Any) -> float:
-    """The loop most tutorials show: pad to max_length, ``loss / n``, step when ``(step + 1) % n == 0``."""
+def _classic_loop(
+    model: Any,
+    samples: Any,
+    collator: Any,
+    args: Any,
+    updates: int,
+    queue: Any,
+    device: str = "cpu",
+    counters: tuple[Any, ...] = (),
+) -> float:
+    """The loop most tutorials show: pad to max_length, ``loss / n``, step when ``(step + 1) % n == 0``.
+
+    On ``device``, in the recipe's precision (bf16 autocast, or fp16 with a
+    GradScaler) and with fused AdamW when the recipe's ``optim`` asks for it, so
+    that it differs from the trainers in its loop only. ``counters`` count
+    host syncs while it runs.
+    """
     import torch
     from transformers import get_scheduler
 
@@ -227,7 +262,11 @@ def _classic_loop(model: Any, samples: Any, collator: Any, args: Any, updates: i
         generator=torch.Generator().manual_seed(args.seed),
         collate_fn=collator,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    model.to(device)
+    fused = {"fused": True} if args.optim == "adamw_torch_fused" else {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay, **fused)
+    precision = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
+    scaler = torch.amp.GradScaler(device, enabled=args.fp16)
     scheduler = get_scheduler(
         args.lr_scheduler_type,
         optimizer,
@@ -237,15 +276,24 @@ def _classic_loop(model: Any, samples: Any, collator: Any, args: Any, updates: i
     criterion = torch.nn.CrossEntropyLoss()
     model.train()
     loss = torch.zeros(())
+    for counter in counters:
+        if hasattr(counter, "watch"):
+            counter.watch(model)
+        counter.counting = True
     for step, data in enumerate(loader):
-        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
-        loss = criterion(logits, data["labels"]) / n_accumulate
-        loss.backward()
+        data = {key: value.to(device) for key, value in data.items()}
+        with torch.autocast(device, dtype=precision, enabled=precision is not None):
+            logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits
+            loss = criterion(logits.float(), data["labels"]) / n_accumulate
+        scaler.scale(loss).backward()
         if (step + 1) % n_accumulate == 0:
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
             optimizer.zero_grad()
             scheduler.step()
             queue.put(("progress", 1))
+    for counter in counters:
+        counter.counting = False
     return float(loss) * n_accumulate
 
 

@@ -72,6 +72,20 @@ class TeacherRun:
         model = check_model_folder(folder)
         return cls(folder.resolve(), class_names, run_config.get("data") or {}, str(base_model), scores, model)
 
+    def train_student(self, recipe: str | None, overrides: list[str] | None) -> dict[str, Any]:
+        """Train the recipe's model as this teacher's student; returns its metrics, as ``train`` does."""
+        from ..config.recipes import load_recipe
+        from .train import train
+
+        run = load_recipe(recipe, overrides)
+        if run.data.class_names:
+            self.check_classes(run.data.class_names, "the recipe")
+        texts = read_unlabeled_reviews(run.data) if run.data.unlabeled_file else []
+        distillation = Distillation(self, run.data.unlabeled_file, texts, _soft_label_cache())
+        metrics = train(recipe, overrides, distillation=distillation)
+        _print_comparison(self, metrics)
+        return metrics
+
     def check_classes(self, class_names: list[str], where: str) -> None:
         """Refuse a student whose classes (or their order) differ from the teacher's."""
         if list(class_names) != self.class_names:
@@ -179,28 +193,27 @@ class Distillation:
         }
 
 
-def distill(teacher_run: str, recipe: str | None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Train the recipe's model as a student of ``teacher_run``; returns its metrics, as ``train`` does."""
-    from ..config.recipes import load_recipe
-    from .train import train
+def distill(
+    teacher_run: str, recipe: str | None, overrides: list[str] | None = None, seeds: int | None = None
+) -> dict[str, Any]:
+    """Train the recipe's model as a student of ``teacher_run``; returns its metrics, as ``train`` does.
 
+    With ``seeds``, one student per seed (as ``finetune train --seeds``), the
+    soft labels computed once for all; returns the seeds' summary.
+    """
     # Every check that needs no data runs before anything is written.
     teacher = TeacherRun.open(teacher_run)
-    run = load_recipe(recipe, overrides)
-    if run.data.class_names:
-        teacher.check_classes(run.data.class_names, "the recipe")
-    texts = read_unlabeled_reviews(run.data) if run.data.unlabeled_file else []
-    distillation = Distillation(teacher, run.data.unlabeled_file, texts, _soft_label_cache())
-    metrics = train(recipe, overrides, distillation=distillation)
-    _print_comparison(teacher, metrics)
-    return metrics
+    if seeds is not None:
+        from .seeds import train_seeds
+
+        return train_seeds(recipe, overrides, seeds, teacher=teacher)
+    return teacher.train_student(recipe, overrides)
 
 
 def read_unlabeled_reviews(data_args: Any) -> list[str]:
     """The non-empty review texts of ``unlabeled_file``, read and cleaned as training reads its reviews."""
-    from ..data.cleaning import clean_texts
     from ..data.sources import read_table
-    from ..data.splits import join_title
+    from ..data.splits import review_texts
 
     path = Path(data_args.unlabeled_file)
     if not path.is_file():
@@ -215,15 +228,10 @@ def read_unlabeled_reviews(data_args: Any) -> list[str]:
             f"unlabeled_file {path} has no column '{data_args.text_column}' (text_column); its columns are "
             f"{', '.join(table.column_names)}; rename the column or set text_column"
         )
-    texts = ["" if value is None else str(value) for value in table[data_args.text_column]]
-    titles = None
-    if data_args.title_column and data_args.title_column in table.column_names:
-        titles = ["" if value is None else str(value) for value in table[data_args.title_column]]
-    if data_args.clean_text:
-        texts = clean_texts(texts)
-        titles = clean_texts(titles) if titles is not None else None
-    joined = [join_title(titles[index].strip() if titles else "", text.strip()) for index, text in enumerate(texts)]
-    kept = [text for text in joined if text.strip()]
+    has_titles = bool(data_args.title_column) and data_args.title_column in table.column_names
+    titles = table[data_args.title_column] if has_titles else None
+    texts, _ = review_texts(table[data_args.text_column], titles, data_args.clean_text)
+    kept = [text for text in texts if text]
     if not kept:
         raise FinetuneError(f"unlabeled_file {path} has no non-empty review in '{data_args.text_column}'")
     return kept

@@ -32,17 +32,26 @@ def training_flops(lengths: list[int], non_embedding: int, num_layers: int, hidd
     return 3.0 * forward
 
 
-def measure_gemm_peak(size: int = 2048, repeats: int = 8, rounds: int = 3) -> float:
-    """The best fp32 matrix-multiply rate this process reaches, in GFLOP/s (CPU, current thread settings)."""
+def measure_gemm_peak(
+    size: int = 2048, repeats: int = 8, rounds: int = 3, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> float:
+    """The best matrix-multiply rate this process reaches on ``device`` in ``dtype``, in GFLOP/s.
+
+    On the CPU with the current thread settings; on a GPU the kernels are
+    waited for before the clock stops (they run asynchronously).
+    """
     generator = torch.Generator().manual_seed(0)
-    left = torch.randn(size, size, generator=generator)
-    right = torch.randn(size, size, generator=generator)
+    left = torch.randn(size, size, generator=generator).to(device, dtype)
+    right = torch.randn(size, size, generator=generator).to(device, dtype)
+    wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     left @ right  # warm-up: the first call pays for allocation and kernel selection
+    wait()
     best = 0.0
     for _ in range(rounds):
         started = time.perf_counter()
         for _ in range(repeats):
             left @ right
+        wait()
         seconds = time.perf_counter() - started
         best = max(best, 2 * size**3 * repeats / seconds / 1e9)
     return best

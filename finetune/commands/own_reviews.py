@@ -86,34 +86,30 @@ def flags_without_recipe(flags: list[str]) -> list[str]:
 
 def recipe_text(flags: list[str]) -> str:
     """The YAML recipe that ``flags`` amount to, with the command that trains it in its opening comment."""
-    pairs = _pairs(flags)
+    from ..config.recipes import flag_values
+
     lines = [
         "# Made by 'finetune train' from flags (no recipe was given). Train it again, or edit it first:",
         "#   finetune train recipe.yaml",
-        *(f"{key}: {value}" for key, value in pairs),
+        *(f"{key}: {_yaml_value(value)}" for key, value in flag_values(flags).items()),
     ]
     return "\n".join(lines) + "\n"
 
 
-def _pairs(flags: list[str]) -> list[tuple[str, str]]:
-    pairs: list[tuple[str, str]] = []
-    index = 0
-    while index < len(flags):
-        name, _, inline = flags[index][2:].partition("=")
-        if inline:
-            pairs.append((name, inline))
-            index += 1
-        elif index + 1 < len(flags) and not flags[index + 1].startswith("--"):
-            pairs.append((name, flags[index + 1]))
-            index += 2
-        else:
-            pairs.append((name, "true"))
-            index += 1
-    return pairs
+def _yaml_value(value: Any) -> str:
+    """A flag's raw value as YAML: a word as written (the recipe loader reads it as the flag would), a list."""
+    if value is True:
+        return "true"
+    if isinstance(value, list):
+        return "[" + ", ".join(value) + "]"
+    return str(value)
 
 
 def _value(flags: list[str], name: str) -> str | None:
-    return dict(_pairs(flags)).get(name)
+    from ..config.recipes import flag_values
+
+    value = flag_values(flags).get(name)
+    return value if isinstance(value, str) else None
 
 
 def _run_name(flags: list[str]) -> str:

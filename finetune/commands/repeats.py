@@ -42,12 +42,14 @@ def run_repeats(
     scored_on: str,
     overwrite: bool,
     repeat_flags: list[str],
+    teacher: Any = None,
 ) -> dict[str, Any]:
     """Train every repeat, then write and print the summary; returns it.
 
     ``kind`` names a run's key ("seed", "fold") and the summary files;
     ``scored_on`` names the reviews each run is scored on ("test", "fold");
-    ``repeat_flags`` (``["--seeds", "3"]``) say how the user asked for the repeats.
+    ``repeat_flags`` (``["--seeds", "3"]``) say how the user asked for the repeats;
+    with ``teacher`` (a :class:`finetune.commands.distill.TeacherRun`) every run is its student.
     A run already finished in its folder with the same recipe values and flags
     is not trained again (unless ``overwrite``): its scores are read back, so a
     stopped ``--seeds 3`` goes on from where it stopped.
@@ -77,7 +79,7 @@ def run_repeats(
         if not holds_run(repeat.output_dir):
             # "--resume_from_checkpoint auto" goes on with the stopped run; the ones not begun start afresh.
             flags = without_flags(flags, {"--resume_from_checkpoint": True})
-        metrics = None if overwrite else finished_run_metrics(recipe, flags, repeat.output_dir)
+        metrics = None if overwrite else finished_run_metrics(recipe, flags, repeat.output_dir, _fingerprint(teacher))
         if metrics is None and not overwrite and _holds_finished_report(repeat.output_dir):
             # Going on would "resume" its last checkpoint and keep its model: refused, as train refuses
             # a folder with a run in it.
@@ -106,11 +108,11 @@ def run_repeats(
         else:
             print(f"{kind} {repeat.key} ({number} of {len(repeats)}) -> {repeat.output_dir}", file=sys.stderr)
             try:
-                metrics = train(recipe, flags)
+                metrics = train(recipe, flags) if teacher is None else teacher.train_student(recipe, flags)
             except TrainingInterrupted as stop:
                 # The single run's advice would finish that run alone; this one finishes them all.
                 flags_again = without_flags([*overrides, *repeat_flags], HOW_TO_RUN_FLAGS)
-                command = " ".join(["finetune", "train", *([recipe] if recipe else []), *flags_again])
+                command = " ".join([*_command(teacher), *([recipe] if recipe else []), *flags_again])
                 stopped = str(stop).split("; resume with:")[0]
                 raise TrainingInterrupted(
                     f"{stopped}; the {kind}s finished so far are kept; go on with: {command} "
@@ -142,14 +144,26 @@ def run_repeats(
     return summary
 
 
-def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path) -> dict[str, Any] | None:
+def _fingerprint(teacher: Any) -> str | None:
+    return None if teacher is None else teacher.fingerprint
+
+
+def _command(teacher: Any) -> list[str]:
+    return ["finetune", "train"] if teacher is None else ["finetune", "distill", str(teacher.folder)]
+
+
+def finished_run_metrics(
+    recipe: str | None, flags: list[str], output_dir: Path, teacher_fingerprint: str | None = None
+) -> dict[str, Any] | None:
     """The metrics of the run finished in ``output_dir`` if it was trained from these recipe values and flags.
 
     Finished means its report (``report/metrics.json``, written after the test
     scores) is there and newer than ``finetune_run.json`` (written when a run
     starts); the same means ``finetune_run.json`` records the values and data
     paths this recipe and these flags give now (the recipe file read again, so
-    an edited recipe trains again) and the same data files, byte for byte.
+    an edited recipe trains again) and the same data files, byte for byte; and
+    distilled from the teacher whose weights have ``teacher_fingerprint``, or not
+    distilled when it is None.
     """
     from ..config.recipes import load_recipe
     from ..training.runs import RUN_CONFIG, changed_data_files, data_fields_on_record
@@ -165,6 +179,10 @@ def finished_run_metrics(recipe: str | None, flags: list[str], output_dir: Path)
         config = report = None
     if not (isinstance(config, dict) and isinstance(report, dict)):
         return None  # damaged: trained again, and train() says what is in the way
+    distilled = config.get("distillation")
+    recorded_teacher = distilled.get("teacher_fingerprint") if isinstance(distilled, dict) else None
+    if recorded_teacher != teacher_fingerprint:
+        return None  # a student of another teacher, or a plain run where a student is wanted (or the reverse)
 
     def what_is_trained(values: dict[str, Any]) -> dict[str, Any]:
         # Where the run is (output_dir) is not what it trained: a moved or copied folder holds the same run.

@@ -17,8 +17,11 @@ from ..errors import FinetuneError
 from .repeats import Repeat, run_repeats
 
 
-def train_seeds(recipe: str | None, overrides: list[str] | None, seeds: int) -> dict[str, Any]:
-    """Train ``recipe`` with ``seeds`` consecutive seeds; returns (and writes) the per-run figures and their summary."""
+def train_seeds(recipe: str | None, overrides: list[str] | None, seeds: int, teacher: Any = None) -> dict[str, Any]:
+    """Train ``recipe`` with ``seeds`` consecutive seeds; returns (and writes) the per-run figures and their summary.
+
+    With ``teacher`` (a :class:`finetune.commands.distill.TeacherRun`), each seed is a student of it.
+    """
     from ..config.recipes import load_recipe
 
     if seeds < 1:
@@ -35,5 +38,13 @@ def train_seeds(recipe: str | None, overrides: list[str] | None, seeds: int) -> 
         Repeat(seed, ["--seed", str(seed)], folder / f"seed-{seed}") for seed in range(first_seed, first_seed + seeds)
     ]
     return run_repeats(
-        recipe, overrides, repeats, folder, "seed", "test", run.training.overwrite_output_dir, ["--seeds", str(seeds)]
+        recipe,
+        overrides,
+        repeats,
+        folder,
+        "seed",
+        "test",
+        run.training.overwrite_output_dir,
+        ["--seeds", str(seeds)],
+        teacher=teacher,
     )

@@ -34,7 +34,10 @@ def train(
     from ..config.recipes import load_recipe
     from ..training.model_check import check_model_folder
     from ..training.modeling import check_base_model, check_classifier_head, load_tokenizer
+    from ..training.run_clock import RunClock
     from ..training.runs import check_base_model_kept, check_output_dir, holds_run, output_dir_lock
+
+    clock = RunClock()  # the run's wall-clock breakdown, printed at its end and kept in report/metrics.json
 
     # Arguments: recipe, then flags. Everything that can be checked is checked before anything is
     # written, and nothing of an earlier run is deleted before training has started.
@@ -60,7 +63,7 @@ def train(
             check_classifier_head(run.model, len(run.data.class_names))
         # Every process has checked the folder and the checkpoint before the main one changes anything.
         args.distributed_state.wait_for_everyone()
-        return _train_checked(run, recipe, overrides, callbacks, resume, distillation)
+        return _train_checked(run, recipe, overrides, callbacks, resume, clock, distillation)
 
 
 def _train_checked(
@@ -69,9 +72,13 @@ def _train_checked(
     overrides: list[str] | None,
     callbacks: list[Any] | None,
     resume: str | None,
+    clock: Any,
     distillation: Any = None,
 ) -> dict[str, Any]:
-    """Read the data, train, save, evaluate and report a recipe whose arguments have passed every check."""
+    """Read the data, train, save, evaluate and report a recipe whose arguments have passed every check.
+
+    ``clock`` (a :class:`finetune.training.run_clock.RunClock`) is lapped at each part's end.
+    """
     import transformers
     from transformers import DataCollatorWithPadding, set_seed
 
@@ -81,10 +88,11 @@ def _train_checked(
     from ..evaluation.inference import predict_probabilities
     from ..evaluation.metrics import build_compute_metrics, classification_report
     from ..evaluation.model_card import write_model_card
-    from ..evaluation.report import UpdateRecorder, write_run_report
+    from ..evaluation.report import UpdateRecorder, add_to_run_metrics, write_run_report
     from ..training.distillation import DistillationTrainer
     from ..training.interrupt import StopOnSignal
     from ..training.modeling import check_classifier_head, load_classifier, load_tokenizer
+    from ..training.run_clock import format_breakdown
     from ..training.runs import clear_earlier_run, record_model_fingerprint, save_run_config
     from ..training.trainer import ReviewTrainer
 
@@ -95,11 +103,14 @@ def _train_checked(
 
     # Data: read, clean, map labels (dropping and counting bad rows), tokenize. The main
     # process goes first, so the fetch and datasets caches are filled once.
+    clock.lap("startup")
     with args.main_process_first(desc="reading and tokenizing the data"):
         data = load_review_data(run.data, seed=args.seed)
         label_names = data.label_names
         check_classifier_head(run.model, len(label_names))  # the classes are known now, the model not loaded
+        clock.lap("data")
         tokenizer = load_tokenizer(run.model, run.data.truncation_side)
+        clock.lap("load")
         encoding = ReviewEncoding.from_fields(asdict(run.data))
         encoded, truncated = tokenize_splits(data.splits, tokenizer, encoding)
     data.report.count_truncated(truncated, encoding)
@@ -116,15 +127,18 @@ def _train_checked(
             )
     if args.should_log:
         print("\n".join(data.report.summary_lines() + (distillation.notes if distillation else [])), file=sys.stderr)
+    clock.lap("data")
 
     # Baseline: the obvious alternative, fit on the same train split in seconds, so every
     # figure this run prints can be read against it.
     baseline = _fit_baseline(data, args.seed) if args.baseline and main_process else None
+    clock.lap("baseline")
 
     # Model: the pretrained encoder with a new head for these classes. Seeded first,
     # so the head's random initialisation (and so the whole run) repeats with the seed.
     set_seed(args.seed)
     model = load_classifier(run.model, label_names)
+    clock.lap("load")
 
     # Train. The recorder keeps every update's learning rate for the report's pictures;
     # the stopper turns Ctrl-C / SIGTERM into "save at the next update and stop".
@@ -175,20 +189,36 @@ def _train_checked(
     if trainer.class_weights is not None and args.should_log:
         weights = ", ".join(f"{name} {weight:.3f}" for name, weight in zip(label_names, trainer.class_weights.tolist()))
         print(f"class weights: {weights}", file=sys.stderr)
+    if args.calibrate_temperature and "validation" not in encoded:
+        raise FinetuneError(
+            "calibrate_temperature fits T on the validation split, and this run has none; "
+            "set validation_split_percentage (e.g. 10), or drop calibrate_temperature"
+        )
     command_head = command[: len(command) - len(overrides or [])]  # finetune train RECIPE (or distill)
     # The signal handlers stay through the final save: a SIGTERM there lets the save finish.
+    clock.lap("other")  # building the Trainer
     with stopper.held():
         started = time.perf_counter()
         result = trainer.train(resume_from_checkpoint=resume)
         train_seconds = time.perf_counter() - started
+        clock.lap("train_steps")
+        for part, seconds in getattr(trainer, "seconds_in", {}).items():
+            clock.move(seconds, "train_steps", part)
         if stopper.stopped_training:
             raise TrainingInterrupted(_resume_advice(trainer, stopper, command_head, overrides), stopper.exit_status)
 
+        calibration = None
+        if args.calibrate_temperature:
+            calibration = _calibrate(trainer, encoded, data, tokenizer, encoding)
+            clock.lap("evaluation")  # scoring the validation split for the temperature
         # Save: a standard model folder (config with id2label, safetensors, tokenizer), written whole or not at all.
         trainer.save_final_model()
+        if calibration is not None and trainer.is_world_process_zero():
+            write_output_text(Path(args.output_dir, "calibration.json"), json.dumps(calibration, indent=2) + "\n")
         if trainer.is_world_process_zero():
             # What evaluate and predict compare the folder's model with, to say when it is no longer this one.
             record_model_fingerprint(args.output_dir)
+        clock.lap("final_save")
     if stopper.received is not None:
         # Stopped after the last update (during the final save, say): the model is saved, and a checkpoint
         # of that update lets the resumed run go straight to the test split and the report.
@@ -197,6 +227,8 @@ def _train_checked(
         raise TrainingInterrupted(_resume_advice(trainer, stopper, command_head, overrides, done), stopper.exit_status)
     trainer.save_state()
     metrics: dict[str, Any] = {**result.metrics, "train_wall_seconds": train_seconds}
+    if calibration is not None:
+        metrics["calibration_temperature"] = calibration["temperature"]
     trainer.save_metrics("train", metrics)
     if baseline is not None:
         metrics["baseline"] = baseline.to_dict()
@@ -237,7 +269,40 @@ def _train_checked(
         card = write_model_card(args.output_dir)
         _print_summary(args.output_dir, metrics, train_seconds)
         print(f"pictures and numbers in {report_dir}, model card {card}", file=sys.stderr)
+    clock.lap("final_evaluation_and_report")
+    metrics["time_breakdown"] = clock.breakdown()
+    if trainer.is_world_process_zero():
+        add_to_run_metrics(report_dir, "time_breakdown", metrics["time_breakdown"])
+        print(format_breakdown(metrics["time_breakdown"]), file=sys.stderr)
     return metrics
+
+
+def _calibrate(trainer: Any, encoded: Any, data: Any, tokenizer: Any, encoding: Any) -> dict[str, Any]:
+    """Fit a temperature on the validation split and fold it into the trained model, before it is saved."""
+    from scipy.special import softmax
+
+    from ..evaluation.calibration import calibrate_in_place
+    from ..evaluation.inference import predict_probabilities
+
+    if encoding.sliding_window:
+        # Validation read whole, in windows, as the test split and predict will read reviews.
+        texts = data.splits["validation"]["text"]
+        probabilities = predict_probabilities(
+            trainer.model, tokenizer, texts, trainer.args.per_device_eval_batch_size, encoding
+        )
+        labels = list(data.splits["validation"]["labels"])
+    else:
+        prediction = trainer.predict(encoded["validation"], metric_key_prefix="calibration")
+        probabilities, labels = softmax(prediction.predictions, axis=-1), prediction.label_ids
+    fitted_on = f"validation, {len(labels)} reviews"
+    record = calibrate_in_place(trainer.model, probabilities, labels, fitted_on)
+    if trainer.is_world_process_zero():
+        print(
+            f"calibrated on {fitted_on}: T = {record['temperature']:.3f}, expected calibration error "
+            f"{record['validation_ece_before']:.3f} -> {record['validation_ece_after']:.3f}",
+            file=sys.stderr,
+        )
+    return record
 
 
 def _checked_resume_point(args: Any, data: Any) -> str | None:

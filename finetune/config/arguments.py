@@ -329,6 +329,26 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         },
     )
+    calibrate_temperature: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "After training, fit a temperature T on the validation split and fold 1/T into the classifier "
+                "(as 'finetune evaluate --calibrate'), so the saved model's probabilities are calibrated for "
+                "predict and pipeline(); its labels do not change. Needs a validation split."
+            )
+        },
+    )
+    trainable_layers: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Fine-tune only the top N encoder layers and the head for the whole run; the embeddings and the "
+                "layers below stay as pretrained. Backward stops at the lowest trained layer, so a large model "
+                "trains in a fraction of its full cost (e.g. 4 of MPNet's 12 layers on a CPU); default: all."
+            )
+        },
+    )
     early_stopping_patience: int | None = field(
         default=None,
         metadata={
@@ -422,6 +442,10 @@ class FinetuneTrainingArguments(TrainingArguments):
         if self.freeze_encoder_updates < 0:
             raise FinetuneError(
                 f"freeze_encoder_updates must be >= 0 (got {self.freeze_encoder_updates}); try 20, or 0 for none"
+            )
+        if self.trainable_layers is not None and self.trainable_layers < 1:
+            raise FinetuneError(
+                f"trainable_layers must be >= 1 (got {self.trainable_layers}); try 4, or leave it out to train all"
             )
         if self.early_stopping_patience is not None:
             if self.early_stopping_patience < 1:

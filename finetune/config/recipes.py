@@ -289,24 +289,35 @@ def _option_names(parser: HfArgumentParser) -> set[str]:
     return {option[2:].replace("-", "_") for action in parser._actions for option in action.option_strings}
 
 
-def _given_flags(argv: list[str], keys: set[str], options: set[str]) -> dict[str, Any]:
-    """The flags the user typed, as raw strings, and an error for any unknown one."""
+def flag_values(argv: list[str]) -> dict[str, Any]:
+    """``{field: raw value}`` for each ``--flag`` in ``argv``, in order, names with '_' for '-'.
+
+    A value is the string after ``=`` or the word after the flag, a list of
+    strings for several words, and ``True`` for a flag with no value.
+    """
     given: dict[str, Any] = {}
     current = None
     for token in argv:
         if token.startswith("--"):
             name, _, inline = token[2:].partition("=")
             name = name.replace("-", "_")
-            if name.startswith("no_") and name in options and name[3:] in keys:
-                given[name[3:]] = False
-                current = None
-                continue
-            if name not in options:
-                raise FinetuneError(f"unknown flag '--{name}'{_suggest(name, keys)}")
             given[name] = inline if inline else True
             current = None if inline else name
         elif current is not None:
             given[current] = token if given[current] is True else [*_as_list(given[current]), token]
+    return given
+
+
+def _given_flags(argv: list[str], keys: set[str], options: set[str]) -> dict[str, Any]:
+    """The flags the user typed, as raw strings, and an error for any unknown one."""
+    given: dict[str, Any] = {}
+    for name, value in flag_values(argv).items():
+        if name.startswith("no_") and name in options and name[3:] in keys:
+            given[name[3:]] = False
+            continue
+        if name not in options:
+            raise FinetuneError(f"unknown flag '--{name}'{_suggest(name, keys)}")
+        given[name] = value
     return given
 
 

@@ -387,22 +387,13 @@ class _RowConverter:
         self.rules = CONVERSION_RULES
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-        texts = [_as_text(value) for value in batch[self.text_column]]
-        titles = [_as_text(value) for value in batch[self.title_column]] if self.title_column else None
-        if self.clean:
-            texts = clean_texts(texts)
-            titles = clean_texts(titles) if titles is not None else None
-        out: dict[str, list] = {"text": [], "labels": [], "problem": [], "title": []}
+        titles = batch[self.title_column] if self.title_column else None
+        texts, titles = review_texts(batch[self.text_column], titles, self.clean)
+        out: dict[str, list] = {"text": texts, "labels": [], "problem": [], "title": titles}
         for position, (text, raw_label) in enumerate(zip(texts, batch[self.label_column])):
-            text = text.strip()
-            title = titles[position].strip() if titles is not None else ""
             label, problem = self._label(raw_label, indices[position])
-            if not text:
-                problem = EMPTY_TEXT
-            out["text"].append(join_title(title, text) if text else text)
             out["labels"].append(label)
-            out["problem"].append(problem)
-            out["title"].append(title)
+            out["problem"].append(EMPTY_TEXT if not text else problem)
         return out
 
     def _label(self, raw_label: object, index: int) -> tuple[int, str]:
@@ -466,6 +457,23 @@ def _with_titles_as_reviews(train: datasets.Dataset) -> tuple[datasets.Dataset, 
         return train, 0
     titles = titled.map(lambda row: {"text": row["title"], "title": ""}, desc="Titles as short reviews")
     return datasets.concatenate_datasets([train, titles]), len(titles)
+
+
+def review_texts(raw_texts: list, raw_titles: list | None, clean: bool) -> tuple[list[str], list[str]]:
+    """The texts a model reads for these rows, and their titles: as text, cleaned if asked, trimmed.
+
+    A title goes in front of its review (:func:`join_title`); a row with an
+    empty review body reads ``""`` whatever its title, for the caller to drop.
+    Training, scoring and distillation's unlabelled reviews all read rows here.
+    """
+    texts = [_as_text(value) for value in raw_texts]
+    titles = [_as_text(value) for value in raw_titles] if raw_titles is not None else [""] * len(texts)
+    if clean:
+        texts = clean_texts(texts)
+        titles = clean_texts(titles) if raw_titles is not None else titles
+    titles = [title.strip() for title in titles]
+    joined = [join_title(title, text.strip()) if text.strip() else "" for title, text in zip(titles, texts)]
+    return joined, titles
 
 
 def join_title(title: str, text: str) -> str:

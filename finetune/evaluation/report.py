@@ -208,6 +208,14 @@ def write_run_report(
     return folder
 
 
+def add_to_run_metrics(report_dir: str | Path, key: str, value: Any) -> None:
+    """Add ``key`` to ``report_dir``'s ``metrics.json`` (known only once the report is written: the run's timing)."""
+    path = Path(report_dir) / "metrics.json"
+    metrics = json.loads(path.read_text(encoding="utf-8"))
+    metrics[key] = value
+    write_output_text(path, json.dumps(metrics, indent=2, default=str) + "\n")
+
+
 def _versus_baseline(test_report: dict[str, Any] | None, baseline: dict[str, Any] | None) -> dict[str, float] | None:
     from .baseline import compare
 

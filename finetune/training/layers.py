@@ -1,6 +1,6 @@
 """Where each parameter sits in a BERT-family classifier: the head, an encoder layer, or the embeddings.
 
-Two recipe options need it:
+Three recipe options need it:
 
 - ``layerwise_lr_decay`` (Sun et al. 2019; ULMFiT's discriminative fine-tuning):
   the head learns at ``learning_rate`` (or ``head_learning_rate``), the top
@@ -9,7 +9,9 @@ Two recipe options need it:
   layers move least;
 - ``freeze_encoder_updates`` (a head warm-up, as in LP-FT, Kumar et al. 2022):
   for the first updates only the head learns, so the random head does not
-  send large, noisy gradients into the pretrained encoder.
+  send large, noisy gradients into the pretrained encoder;
+- ``trainable_layers``: only the top layers and the head learn, for the whole
+  run (the lower layers are frozen, so backward stops above them).
 
 Depth: embeddings 0, encoder layer i is i + 1, the head (pooler, classifier
 and anything outside the base model) num_layers + 1.
@@ -57,6 +59,22 @@ def encoder_parameters(model: nn.Module) -> list[nn.Parameter]:
     """Every parameter that is not the head: the embeddings and the encoder layers."""
     head = {id(parameter) for parameter in head_parameters(model)}
     return [parameter for parameter in model.parameters() if id(parameter) not in head]
+
+
+def freeze_lower_layers(model: nn.Module, trainable_layers: int) -> int:
+    """Freeze the embeddings and every encoder layer below the top ``trainable_layers``; return how many were frozen.
+
+    The head always learns. A model with fewer layers than asked keeps all of them trainable.
+    """
+    depths = model_depths(model)
+    num_layers = max(depths.values()) - 1
+    lowest_trained = max(num_layers - trainable_layers + 1, 0)
+    frozen = 0
+    for name, parameter in model.named_parameters():
+        if depths[_unwrapped(name)] < lowest_trained:
+            parameter.requires_grad_(False)
+            frozen += 1
+    return frozen
 
 
 def layerwise_parameter_groups(

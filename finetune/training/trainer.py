@@ -78,7 +78,7 @@ from .accumulation import (
 )
 from .checkpointing import CrashSafeCheckpoints
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
-from .layers import encoder_parameters, layerwise_parameter_groups
+from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 # Trainer's own logger, so that the banner and warnings below follow transformers' verbosity
@@ -113,8 +113,13 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # Our loop draws its own per-epoch bar; keep stock evaluation bars.
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(EvaluationProgressCallback)
+        trainable_layers = getattr(self.args, "trainable_layers", None)
+        if trainable_layers is not None:
+            freeze_lower_layers(self.model, trainable_layers)
         self.skipped_updates = 0
         self.nonfinite_in_a_row = 0
+        # Wall-clock seconds train() spent evaluating and saving checkpoints (finetune train's breakdown).
+        self.seconds_in = {"evaluation": 0.0, "checkpoint_saves": 0.0}
         # The share of its window's loss that the next training_step backpropagates (set per micro-batch).
         self.micro_batch_weight = 1.0
         strategy = getattr(self.args, "class_weighting", "none")
@@ -125,6 +130,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         if class_weights is not None:
             class_weights = validate_class_weights(class_weights, self.model.config.num_labels)
         self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
+        self._class_weights_on_device: torch.Tensor | None = None  # a copy where the labels are, made once
 
     # ------------------------------------------------------------------- data
 
@@ -316,6 +322,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                     break
                 epoch.micro_step += len(window)
                 epoch.grad_norm, epoch.learning_rate = self._update(model, window_loss)
+                epoch.loss.add(window_loss)
                 self._count_update(run, epoch, window_loss)
                 self.control = self.callback_handler.on_step_end(self.args, self.state, self.control)
                 self._log_save_evaluate(model, run, epoch)
@@ -350,7 +357,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
 
         self.control = self.callback_handler.on_train_begin(self.args, self.state, self.control)
         if self.args.eval_on_start:
-            self._evaluate(run.trial, run.ignore_keys_for_eval, skip_scheduler=True)
+            with self._timed("evaluation"):
+                self._evaluate(run.trial, run.ignore_keys_for_eval, skip_scheduler=True)
 
     def _start_epoch(
         self, train_dataloader: Any, run: _Run, index: int, micro_batches_done: int, checkpoint: str | None
@@ -389,6 +397,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self._loss_since_log.add(window_loss)
         self.state.global_step += 1
         self.state.epoch = epoch.index + epoch.micro_step / run.epoch_micro_batches
+        # The window's last micro-batch, shown only now: its loss is known once the update has read it.
+        epoch.bar.advance(1, epoch.loss.mean(), epoch.learning_rate)
         epoch.bar.finish_update(epoch.loss.mean(), epoch.learning_rate)
 
     def _end_epoch(self, model: nn.Module, run: _Run, epoch: _Epoch) -> None:
@@ -466,8 +476,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         """
         micro_masses = [0.0 if inputs is None else self._loss_mass(inputs) for inputs in window]
         window_mass = self._sum_over_processes(sum(micro_masses))
-        # Summed on the device and read once per window: a .item() per micro-batch would
-        # stall a GPU on every micro-step.
+        # Summed on the device and read once per update, in _update: a .item() per micro-batch
+        # would stall a GPU on every micro-step.
         window_loss_sum = torch.zeros((), dtype=torch.float64, device=self.args.device)
         for index, (inputs, mass) in enumerate(zip(window, micro_masses)):
             is_update_step = index == len(window) - 1
@@ -488,10 +498,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     return None
         samples = sum(self._count_samples(inputs) for inputs in window if inputs is not None)
-        window_loss = _LossTracker(float(window_loss_sum), sum(micro_masses), samples)
-        epoch_loss.add(window_loss)
-        bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
-        return window_loss
+        # Still on the device (the mass too, with class weights): _update reads them with the grad norm.
+        return _LossTracker(window_loss_sum, sum(micro_masses), samples)
 
     def compute_loss(
         self,
@@ -581,6 +589,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
     def _update(self, model: nn.Module, window_loss: _LossTracker) -> tuple[float | None, float]:
         """Clip, step the optimizer and the scheduler once, on the whole window's gradient.
 
+        Makes the update's one host sync: ``window_loss``'s sums, still on the
+        device, are read together with the gradient norm (and replaced by floats).
         Returns the pre-clip gradient norm and the learning rate this update used.
         A non-finite loss or gradient skips the step (and the scheduler) and is counted;
         ``max_nonfinite_updates`` of them in a row stop the run.
@@ -591,7 +601,10 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             for parameter in encoder_parameters(model):
                 parameter.grad = None
         grad_norm = self._clip_grad_norm(model) if self.args.max_grad_norm > 0 else self._get_grad_norm(model)
-        grad_norm = float(grad_norm) if grad_norm is not None else None
+        # One read for all three: each read of a GPU tensor waits for every kernel queued before it.
+        window_loss.loss_sum, window_loss.mass, grad_norm = read_from_device(
+            window_loss.loss_sum, window_loss.mass, grad_norm
+        )
         learning_rate = self._get_learning_rate()
         finite = math.isfinite(window_loss.mean()) and (grad_norm is None or math.isfinite(grad_norm))
 
@@ -647,21 +660,25 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             reference = next(value for value in inputs.values() if isinstance(value, torch.Tensor))
         return int(reference.shape[0])
 
-    def _loss_mass(self, inputs: dict[str, Any]) -> float:
-        """What a micro-batch's mean loss is averaged over: its samples, or their summed class weights."""
+    def _loss_mass(self, inputs: dict[str, Any]) -> float | torch.Tensor:
+        """What a micro-batch's mean loss is averaged over: its samples, or their summed class weights.
+
+        The summed weights stay a tensor on the labels' device: reading them here
+        would cost a host sync per micro-batch.
+        """
         if self.class_weights is None or inputs.get("labels") is None:
             return float(self._count_samples(inputs))
-        labels = inputs["labels"].view(-1).cpu()
-        return float(self.class_weights[labels].double().sum())
+        labels = inputs["labels"].view(-1)
+        if self._class_weights_on_device is None or self._class_weights_on_device.device != labels.device:
+            self._class_weights_on_device = self.class_weights.to(labels.device)
+        return self._class_weights_on_device[labels].double().sum()
 
-    def _sum_over_processes(self, value: float) -> float:
-        """``value`` summed over all processes (a no-op on one)."""
+    def _sum_over_processes(self, value: float | torch.Tensor) -> float | torch.Tensor:
+        """``value`` summed over all processes (a no-op on one), as a tensor on the device on several."""
         if self.accelerator.num_processes == 1:
             return value
-        total = self.accelerator.reduce(
-            torch.tensor(value, device=self.args.device, dtype=torch.float64), reduction="sum"
-        )
-        return float(total.item())
+        total = torch.as_tensor(value, dtype=torch.float64).to(self.args.device)
+        return self.accelerator.reduce(total, reduction="sum")
 
     def _max_over_processes(self, value: int) -> int:
         """The largest ``value`` of all processes (a no-op on one)."""
@@ -718,14 +735,25 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             self.log(logs, start_time)
 
         if self.control.should_evaluate:
-            metrics = self._evaluate(trial, ignore_keys_for_eval)
+            with self._timed("evaluation"):
+                metrics = self._evaluate(trial, ignore_keys_for_eval)
             is_new_best = self._determine_best_metric(metrics=metrics, trial=trial)
             if self.args.save_strategy == SaveStrategy.BEST:
                 self.control.should_save = is_new_best
 
         if self.control.should_save:
-            self._save_checkpoint(model, trial)
+            with self._timed("checkpoint_saves"):
+                self._save_checkpoint(model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    @contextlib.contextmanager
+    def _timed(self, part: str) -> Iterator[None]:
+        """Add the block's wall-clock seconds to ``seconds_in[part]``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds_in[part] += time.perf_counter() - started
 
     def _finalize_training(self, trial: Any, num_train_samples: Any, start_time: float) -> TrainOutput:
         """Final metrics, best-model reload, ``on_train_end``, NEFTune's hook removed.
@@ -758,6 +786,18 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         return TrainOutput(self.state.global_step, train_loss, metrics)
 
 
+def read_from_device(*values: torch.Tensor | float | None) -> list[float | None]:
+    """``values`` as floats, the tensors among them read from their device in one host sync."""
+    tensors = [value for value in values if isinstance(value, torch.Tensor)]
+    read = iter([])
+    if tensors:
+        device = tensors[0].device
+        read = iter(torch.stack([tensor.detach().to(device, torch.float64) for tensor in tensors]).tolist())
+    return [
+        next(read) if isinstance(value, torch.Tensor) else None if value is None else float(value) for value in values
+    ]
+
+
 def _started(batches: Any) -> Iterator[Any]:
     """``batches`` as an iterator that has already been started (and fetched its first item)."""
     iterator = iter(batches)
@@ -772,10 +812,14 @@ class _LossTracker:
     """A running sum of per-sample losses, the mass they are averaged over, and the sample count.
 
     The mass is the number of samples, or with class weights their summed
-    weights; either way the mean does not depend on n.
+    weights; either way the mean does not depend on n. A window's tracker holds
+    its loss sum (and with class weights its mass) as tensors on the device
+    until ``_update`` reads them; every other tracker holds floats.
     """
 
-    def __init__(self, loss_sum: float = 0.0, mass: float = 0.0, samples: int = 0) -> None:
+    def __init__(
+        self, loss_sum: float | torch.Tensor = 0.0, mass: float | torch.Tensor = 0.0, samples: int = 0
+    ) -> None:
         self.loss_sum = loss_sum
         self.mass = mass
         self.samples = samples

@@ -1,0 +1,246 @@
+"""Which words pushed a review toward its label: Integrated Gradients on the word embeddings, merged into words.
+
+Captum's ``LayerIntegratedGradients`` walks the word embeddings of a review
+from a baseline (every word piece replaced by ``[PAD]``, the special tokens
+kept) to the review itself in ``n_steps`` straight-line steps, and sums the
+gradient of the predicted class's log-probability along the way. A word
+piece's score is its share of ``log p(label | review) - log p(label |
+baseline)`` (the pieces' scores add up to that, up to the integral's
+discretisation error): positive pushes toward the predicted label, negative
+away from it. The log-probability, not the logit, is attributed because a
+class wins against the others: a piece that raises every logit alike moves
+no probability and gets no score.
+
+Word pieces are merged back into words with the fast tokenizer's offset
+mapping: a word is a run of letters or digits, with inner apostrophes
+("didn't"), and its score is the sum of its pieces'. Punctuation is no word.
+A word past ``max_length`` tokens, which the model does not read, scores 0.
+
+An int8 export has no gradients. One made with ``--fp32_fallback`` keeps its
+fp32 model, which is explained instead: the label and probabilities are the
+export's (int8, with its close calls re-scored in fp32, as ``predict``
+gives them), the scores the fp32 model's gradients toward that label.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from ..errors import FinetuneError
+
+TOP_K = 5
+# Straight-line steps of the integral (Gauss-Legendre points). Measured on the quickstart run's test
+# reviews (docs/explain.md): the scores' sum is within a few hundredths of the change in log-probability
+# it splits up, and more steps did not change which words rank first.
+N_STEPS = 16
+# Letters or digits, with inner apostrophes so that "didn't" and "customer's" stay one word.
+WORD_PATTERN = re.compile(r"\w+(?:['’]\w+)*")
+
+
+@dataclass(frozen=True)
+class WordAttribution:
+    """One word of a review: ``review[start:end] == word``; ``score`` > 0 pushed toward the predicted label."""
+
+    word: str
+    start: int
+    end: int
+    score: float
+
+
+@dataclass(frozen=True)
+class ReviewExplanation:
+    """A review's predicted label, its class probabilities, and every word of it in order with its score.
+
+    ``top_k`` is how many words :meth:`top_words` gives by default (``explain_reviews``' ``top_k``).
+    """
+
+    label: str
+    probabilities: dict[str, float]
+    words: list[WordAttribution]
+    top_k: int = TOP_K
+
+    def top_words(self, k: int | None = None) -> list[WordAttribution]:
+        """The ``k`` (default ``top_k``) words that pushed most toward the label, highest score first.
+
+        Only words with a positive score: a review with fewer gives fewer.
+        """
+        k = self.top_k if k is None else k
+        pushing = [word for word in self.words if word.score > 0]
+        return sorted(pushing, key=lambda word: word.score, reverse=True)[:k]
+
+
+def format_top_words(explanation: ReviewExplanation, k: int | None = None) -> str:
+    """The top words as one cell: ``"refund (0.81); broke (0.42)"``."""
+    return "; ".join(f"{word.word} ({word.score:.2f})" for word in explanation.top_words(k))
+
+
+def explain_reviews(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    reviews: Sequence[str],
+    *,
+    top_k: int = TOP_K,
+    batch_size: int = 16,
+    max_length: int | None = None,
+    n_steps: int = N_STEPS,
+) -> list[ReviewExplanation]:
+    """Explain each review's predicted label: one :class:`ReviewExplanation` per review, in order.
+
+    ``model`` is what :func:`~finetune.evaluation.inference.load_inference_model`
+    returns for a run or checkpoint folder (a PyTorch classifier, mean-pooling
+    head included) or for an int8 export made with ``--fp32_fallback``; an
+    int8 export without one is refused in one line. Reviews are cut at
+    ``max_length`` tokens (default: the run's ``max_length`` when the model
+    was loaded from a run, else what the model can read) on the tokenizer's
+    truncation side. ``batch_size`` reviews are attributed at a time, one
+    integration step per forward and backward pass, so memory is that of a
+    training batch of ``batch_size``.
+    """
+    from ..evaluation.inference import check_batch_size, predict_probabilities
+    from ..export.fallback import Int8WithFallback
+
+    check_batch_size(batch_size)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise FinetuneError(f"top_k must be a whole number >= 1 (got {top_k!r}); pass e.g. top_k=5")
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise FinetuneError(f"n_steps must be a whole number >= 1 (got {n_steps!r}); the default is {N_STEPS}")
+    gradient_model = model.fp32 if isinstance(model, Int8WithFallback) else model
+    if not isinstance(gradient_model, torch.nn.Module):
+        raise FinetuneError(
+            "an int8 export has no gradients to explain with; explain the run folder it was exported from, "
+            "or export again with --fp32_fallback 0.1 to keep its fp32 model beside it"
+        )
+    if not tokenizer.is_fast:
+        raise FinetuneError(
+            f"explanations need a fast tokenizer (for its offset mapping), and {type(tokenizer).__name__} is not; "
+            "save the model with its tokenizer.json (AutoTokenizer.from_pretrained(..., use_fast=True))"
+        )
+    texts = list(reviews)
+    if not texts:
+        return []
+    max_length = max_length or _default_max_length(gradient_model, tokenizer)
+    label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
+
+    # The label and probabilities are predict's, on the same tokens the scores are for.
+    from ..data.encoding import ReviewEncoding
+
+    encoding = ReviewEncoding(max_length=max_length, truncation_side=_truncation_side(tokenizer))
+    probabilities = predict_probabilities(model, tokenizer, texts, batch_size, encoding)
+    predicted = probabilities.argmax(axis=1)
+
+    scores = _word_piece_scores(gradient_model, tokenizer, texts, predicted, batch_size, max_length, n_steps)
+    explanations = []
+    for index, text in enumerate(texts):
+        offsets, piece_scores = scores[index]
+        explanations.append(
+            ReviewExplanation(
+                label=label_names[predicted[index]],
+                probabilities={name: float(p) for name, p in zip(label_names, probabilities[index])},
+                words=_merge_into_words(text, offsets, piece_scores),
+                top_k=top_k,
+            )
+        )
+    return explanations
+
+
+def _default_max_length(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> int:
+    """The run's ``max_length`` when the model came from a run folder, else the most tokens the model reads."""
+    from ..training.runs import find_run_config
+
+    folder = getattr(model, "name_or_path", "") or ""
+    if folder and Path(folder).is_dir():
+        recorded = ((find_run_config(Path(folder)) or {}).get("data") or {}).get("max_length")
+        if isinstance(recorded, int) and recorded > 0:
+            return recorded
+    limits = [getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length]
+    return min(limit for limit in [*limits, 512] if isinstance(limit, int) and limit > 0)
+
+
+def _truncation_side(tokenizer: PreTrainedTokenizerBase) -> str:
+    return "left" if tokenizer.truncation_side == "left" else "right"
+
+
+def _word_piece_scores(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    predicted: np.ndarray,
+    batch_size: int,
+    max_length: int,
+    n_steps: int,
+) -> list[tuple[list[tuple[int, int]], np.ndarray]]:
+    """For each text: its word pieces' character offsets and Integrated Gradients scores (special tokens excluded)."""
+    from captum.attr import LayerIntegratedGradients
+
+    device = next(model.parameters()).device
+    model.eval()
+    tokenizer.truncation_side = _truncation_side(tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def log_probabilities(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    integrated = LayerIntegratedGradients(log_probabilities, model.get_input_embeddings())
+    results: list[Any] = [None] * len(texts)
+    # Sorted by length, so a batch pads only to its own longest review (padding is wasted compute).
+    order = np.argsort([len(text) for text in texts], kind="stable")
+    for start in range(0, len(order), batch_size):
+        chosen = [int(index) for index in order[start : start + batch_size]]
+        batch = tokenizer(
+            [texts[index] for index in chosen],
+            truncation=True,
+            max_length=max_length,
+            padding=True,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            return_tensors="pt",
+        )
+        input_ids = batch["input_ids"].to(device)
+        attention_mask = batch["attention_mask"].to(device)
+        # The baseline keeps [CLS] and [SEP] (and padding) and blanks every word piece to [PAD].
+        is_piece = (batch["special_tokens_mask"] == 0).to(device) & (attention_mask == 1)
+        baseline = torch.where(is_piece, torch.full_like(input_ids, pad_id), input_ids)
+        target = torch.as_tensor(predicted[chosen], device=device)
+        attributions = integrated.attribute(
+            inputs=input_ids,
+            baselines=baseline,
+            additional_forward_args=(attention_mask,),
+            target=target,
+            n_steps=n_steps,
+            # One step of every review in the batch per pass: memory of one batch_size batch.
+            internal_batch_size=len(chosen),
+        )
+        piece_scores = attributions.sum(dim=-1).detach().float().cpu().numpy()
+        for row, index in enumerate(chosen):
+            kept = is_piece[row].cpu().numpy()
+            offsets = [tuple(pair) for pair in batch["offset_mapping"][row][kept].tolist()]
+            results[index] = (offsets, piece_scores[row][kept])
+    return results
+
+
+def _merge_into_words(text: str, offsets: list[tuple[int, int]], piece_scores: np.ndarray) -> list[WordAttribution]:
+    """Every word of ``text`` in order, scored by the sum of the word pieces that fall in it."""
+    spans = [match.span() for match in WORD_PATTERN.finditer(text)]
+    word_at = np.full(len(text), -1, dtype=np.int64)
+    for index, (start, end) in enumerate(spans):
+        word_at[start:end] = index
+    totals = np.zeros(len(spans), dtype=np.float64)
+    for (start, end), score in zip(offsets, piece_scores):
+        # A piece's span may include a leading space (SentencePiece's "▁word"); its first word character decides.
+        inside = word_at[start:end]
+        inside = inside[inside >= 0]
+        if inside.size:
+            totals[inside[0]] += float(score)
+    return [
+        WordAttribution(word=text[start:end], start=start, end=end, score=float(total))
+        for (start, end), total in zip(spans, totals)
+    ]

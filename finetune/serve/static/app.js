@@ -1,0 +1,213 @@
+// The page of `finetune serve`: reviews in, labels, probabilities and shaded words out. No build step, no library.
+"use strict";
+
+const TEXT_COLUMNS = ["text", "review", "content", "body", "sentence"]; // as `finetune predict` guesses
+const els = {
+  reviews: document.getElementById("reviews"),
+  run: document.getElementById("run"),
+  download: document.getElementById("download"),
+  status: document.getElementById("status"),
+  info: document.getElementById("model-info"),
+  drop: document.getElementById("drop"),
+  file: document.getElementById("file"),
+  fileNote: document.getElementById("file-note"),
+  tokenField: document.getElementById("token-field"),
+  token: document.getElementById("token"),
+  output: document.getElementById("output"),
+  body: document.querySelector("#results tbody"),
+};
+let classes = [];
+let maxReviews = 64; // per request; /info gives the server's limit
+let results = [];
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const token = els.token.value.trim() || sessionStorage.getItem("finetune-token");
+  if (token) h.Authorization = "Bearer " + token;
+  return h;
+}
+
+function setStatus(text, isError) {
+  els.status.textContent = text;
+  els.status.classList.toggle("error", Boolean(isError));
+}
+
+async function loadInfo() {
+  const response = await fetch("/info", { headers: headers() });
+  if (response.status === 401) {
+    els.tokenField.hidden = false;
+    els.info.textContent = "This server needs a token: enter it next to the button.";
+    return;
+  }
+  const info = await response.json();
+  classes = info.classes;
+  maxReviews = info.limits.max_reviews;
+  const test = info.test
+    ? ` · test accuracy ${(info.test.accuracy * 100).toFixed(1)}%, macro-F1 ${info.test.macro_f1.toFixed(3)}`
+    : "";
+  els.info.textContent = `${info.base_model || info.model_dir} (${info.backend}) · classes: ${classes.join(", ")}${test}`;
+}
+
+// RFC 4180 CSV (quoted fields, doubled quotes, line breaks inside quotes); TSV when the name says so.
+function parseDelimited(text, delimiter) {
+  const rows = [];
+  let row = [], field = "", quoted = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (quoted) {
+      if (c === '"' && text[i + 1] === '"') { field += '"'; i++; }
+      else if (c === '"') quoted = false;
+      else field += c;
+    } else if (c === '"' && field === "") quoted = true;
+    else if (c === delimiter) { row.push(field); field = ""; }
+    else if (c === "\n" || c === "\r") {
+      if (c === "\r" && text[i + 1] === "\n") i++;
+      row.push(field); rows.push(row); row = []; field = "";
+    } else field += c;
+  }
+  if (field !== "" || row.length) { row.push(field); rows.push(row); }
+  return rows.filter((r) => r.some((value) => value.trim() !== ""));
+}
+
+async function readFile(file) {
+  const text = (await file.text()).replace(/^\ufeff/, "");
+  const rows = parseDelimited(text, /\.tsv$/i.test(file.name) ? "\t" : ",");
+  if (rows.length < 2) { setStatus(`${file.name} has no rows under its header`, true); return; }
+  const header = rows[0].map((name) => name.trim());
+  let column = header.findIndex((name) => TEXT_COLUMNS.includes(name.toLowerCase()));
+  if (column < 0) column = 0;
+  const reviews = rows.slice(1).map((r) => (r[column] || "").replace(/\s*\n\s*/g, " ").trim()).filter(Boolean);
+  els.reviews.value = reviews.join("\n");
+  els.fileNote.textContent = `${reviews.length} reviews from ${file.name} (column "${header[column]}")`;
+}
+
+async function post(route, reviews) {
+  const response = await fetch(route, { method: "POST", headers: headers(), body: JSON.stringify({ reviews }) });
+  const body = await response.json().catch(() => ({ error: `HTTP ${response.status}` }));
+  return { ok: response.ok, status: response.status, body };
+}
+
+async function run() {
+  const reviews = els.reviews.value.split("\n").map((line) => line.trim()).filter(Boolean);
+  if (!reviews.length) { setStatus("Type or paste a review first (one per line).", true); return; }
+  if (els.token.value.trim()) sessionStorage.setItem("finetune-token", els.token.value.trim());
+  els.run.disabled = true;
+  results = [];
+  try {
+    for (let start = 0; start < reviews.length; start += maxReviews) {
+      const chunk = reviews.slice(start, start + maxReviews);
+      setStatus(`Labelling reviews ${start + 1}–${start + chunk.length} of ${reviews.length}…`);
+      let answer = await post("/explain", chunk);
+      if (answer.status === 501) answer = await post("/predict", chunk); // an int8 export: labels without words
+      if (!answer.ok) {
+        if (answer.status === 401) els.tokenField.hidden = false;
+        setStatus(answer.body.error || `HTTP ${answer.status}`, true);
+        return;
+      }
+      answer.body.results.forEach((result, i) => results.push({ review: chunk[i], ...result }));
+    }
+    render();
+    setStatus(`${results.length} review${results.length === 1 ? "" : "s"} labelled.`);
+  } catch (error) {
+    setStatus(`The server did not answer (${error.message}).`, true);
+  } finally {
+    els.run.disabled = false;
+  }
+}
+
+// The review with each word shaded: green towards the label, red away from it, alpha by strength.
+function shadedReview(result) {
+  const cell = document.createElement("td");
+  cell.className = "review";
+  const text = result.text || result.review;
+  const words = (result.words || []).slice().sort((a, b) => a.start - b.start);
+  const strongest = Math.max(1e-12, ...words.map((w) => Math.abs(w.score)));
+  let at = 0;
+  for (const word of words) {
+    if (word.start < at) continue;
+    cell.append(text.slice(at, word.start));
+    const strength = Math.abs(word.score) / strongest;
+    const piece = text.slice(word.start, word.end);
+    if (strength < 0.05) {
+      cell.append(piece);
+    } else {
+      const mark = document.createElement("mark");
+      mark.className = "word " + (word.score > 0 ? "towards" : "away");
+      const alpha = (0.12 + 0.6 * strength).toFixed(2);
+      mark.style.background = word.score > 0 ? `rgba(22, 163, 74, ${alpha})` : `rgba(220, 38, 38, ${alpha})`;
+      mark.title = `${word.score > 0 ? "+" : ""}${word.score.toFixed(3)}`;
+      mark.textContent = piece;
+      cell.append(mark);
+    }
+    at = word.end;
+  }
+  cell.append(text.slice(at));
+  return cell;
+}
+
+function probabilityBars(probabilities) {
+  const cell = document.createElement("td");
+  for (const [name, p] of Object.entries(probabilities)) {
+    const line = document.createElement("div");
+    line.className = "probability";
+    line.innerHTML = '<span class="name"></span><span class="track"><span class="bar"></span></span><span class="value"></span>';
+    line.querySelector(".name").textContent = name;
+    line.querySelector(".bar").style.display = "block";
+    line.querySelector(".bar").style.width = `${(p * 100).toFixed(1)}%`;
+    line.querySelector(".value").textContent = p.toFixed(3);
+    cell.append(line);
+  }
+  return cell;
+}
+
+function render() {
+  els.body.replaceChildren();
+  results.forEach((result, i) => {
+    const row = document.createElement("tr");
+    row.className = "result";
+    const number = document.createElement("td");
+    number.textContent = String(i + 1);
+    const label = document.createElement("td");
+    label.className = "label";
+    label.textContent = result.label;
+    row.append(number, shadedReview(result), label, probabilityBars(result.probabilities));
+    els.body.append(row);
+  });
+  els.output.hidden = false;
+  els.download.disabled = results.length === 0;
+}
+
+function csvField(value) {
+  const text = String(value ?? "");
+  return /[",\n\r]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
+}
+
+function downloadCsv() {
+  const names = classes.length ? classes : Object.keys(results[0].probabilities);
+  const lines = [["review", "label", ...names.map((n) => `prob_${n}`), "top_words"].map(csvField).join(",")];
+  for (const r of results) {
+    const top = (r.top_words || []).map((w) => `${w.word} (${w.score.toFixed(3)})`).join("; ");
+    lines.push([r.review, r.label, ...names.map((n) => r.probabilities[n]), top].map(csvField).join(","));
+  }
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(new Blob([lines.join("\r\n") + "\r\n"], { type: "text/csv" }));
+  link.download = "predictions.csv";
+  link.click();
+  URL.revokeObjectURL(link.href);
+}
+
+els.run.addEventListener("click", run);
+els.download.addEventListener("click", downloadCsv);
+els.reviews.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) run();
+});
+els.file.addEventListener("change", () => els.file.files[0] && readFile(els.file.files[0]));
+els.drop.addEventListener("dragover", (event) => { event.preventDefault(); els.drop.classList.add("over"); });
+els.drop.addEventListener("dragleave", () => els.drop.classList.remove("over"));
+els.drop.addEventListener("drop", (event) => {
+  event.preventDefault();
+  els.drop.classList.remove("over");
+  if (event.dataTransfer.files[0]) readFile(event.dataTransfer.files[0]);
+});
+els.token.addEventListener("change", () => { sessionStorage.setItem("finetune-token", els.token.value.trim()); loadInfo(); });
+loadInfo().catch((error) => { els.info.textContent = `The server did not answer /info (${error.message}).`; });

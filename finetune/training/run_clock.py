@@ -1,0 +1,63 @@
+"""Where a run's wall-clock time goes: loading, data, baseline, training steps, evaluation, saves, the report.
+
+``finetune train`` times itself as laps: each stretch of time goes to the
+part named when it ends, so the parts add up to the whole run exactly, and
+what no part claims (building the Trainer, say) is ``other``. Inside ``trainer.train()`` the trainer times its own
+evaluations and checkpoint saves, which ``move`` takes out of the training
+steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+# In the order a run goes through them; "other" is whatever no part claimed.
+PARTS = (
+    "startup",  # imports and the checks made before any data is read
+    "load",  # the tokenizer and the model's weights
+    "data",  # reading, cleaning and tokenizing the reviews (and a teacher's soft labels)
+    "baseline",  # the TF-IDF baseline
+    "train_steps",  # trainer.train() less the two below
+    "evaluation",  # evaluations during training
+    "checkpoint_saves",
+    "final_save",  # the final model folder
+    "final_evaluation_and_report",  # the test split, report/, the model card
+    "other",
+)
+LABELS = {"train_steps": "train steps", "checkpoint_saves": "checkpoint saves", "final_save": "final save"}
+LABELS["final_evaluation_and_report"] = "test + report"
+
+
+class RunClock:
+    """Wall-clock seconds per part of a run, timed as laps from the clock's creation."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        self._lap_started = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        """Give the time since the last lap (or the start) to ``part``."""
+        now = time.perf_counter()
+        self.seconds[part] += now - self._lap_started
+        self._lap_started = now
+
+    def move(self, seconds: float, source: str, target: str) -> None:
+        """Count ``seconds`` of ``source``'s time as ``target``'s (an evaluation inside the training steps, say)."""
+        self.seconds[source] -= seconds
+        self.seconds[target] += seconds
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds per part and their ``total``, the time since the start; the time since the last lap is other's."""
+        self.lap("other")
+        parts = {part: round(seconds, 3) for part, seconds in self.seconds.items()}
+        return {**parts, "total": round(sum(self.seconds.values()), 3)}
+
+
+def format_breakdown(breakdown: dict[str, float]) -> str:
+    """The breakdown as two lines: the total, then each part that took time (in run order)."""
+    parts = [
+        f"{LABELS.get(part, part)} {seconds:.1f}s"
+        for part, seconds in breakdown.items()
+        if part != "total" and seconds >= 0.05
+    ]
+    return f"wall time {breakdown['total']:.1f}s:\n  " + ", ".join(parts)

@@ -1,0 +1,82 @@
+"""Host syncs: the counter sees each read of a tensor into Python, and ReviewTrainer makes one per update.
+
+A GPU waits for Python at every such read, so a read per micro-batch would
+stall it n times an update. The counter is checked on hand-made reads, then
+on both trainers: stock Trainer reads each micro-batch's loss (its NaN filter),
+ReviewTrainer keeps losses and class-weighted sample counts on the device and
+reads them once, with the gradient norm, per update.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import TEST_ON_CPU, quiet_args, review_dataset
+from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer
+
+from finetune import ReviewTrainer
+from finetune.training.host_syncs import HostReadsWindow, counting_host_reads
+
+DEVICE_TYPE = "cpu" if TEST_ON_CPU else "cuda"
+MICRO_BATCH, N_ACCUMULATE, UPDATES = 2, 4, 3
+
+
+def test_counts_each_read_while_counting_and_leaves_tensor_as_it_was():
+    value = torch.tensor(2.0)
+    parameter = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.AdamW([parameter])
+    item_before = torch.Tensor.item
+    with counting_host_reads("cpu") as counter:
+        value.item()  # not counting yet
+        counter.counting = True
+        value.item(), float(value), value.tolist(), bool(value), int(value), parameter.sum().item()
+        # The optimizer's step count and the sampler's seed are host tensors on a GPU too: not counted.
+        parameter.sum().backward()
+        optimizer.step()
+        optimizer.step()
+        list(torch.utils.data.DataLoader(range(4), shuffle=True))
+        counter.counting = False
+        value.item()
+    assert counter.count == 6
+    assert torch.Tensor.item is item_before and "item" not in torch.Tensor.__dict__
+
+
+def _reads_per_update(trainer_class, tokenizer, model, tmp_path, **overrides):
+    args = quiet_args(
+        tmp_path,
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=N_ACCUMULATE,
+        max_steps=UPDATES,
+        learning_rate=1e-3,
+        max_grad_norm=1.0,
+        **overrides,
+    )
+    with counting_host_reads(DEVICE_TYPE) as counter:
+        trainer = trainer_class(
+            model=copy.deepcopy(model),
+            args=args,
+            train_dataset=review_dataset(tokenizer, MICRO_BATCH * N_ACCUMULATE * UPDATES),
+            data_collator=DataCollatorWithPadding(tokenizer),
+            callbacks=[HostReadsWindow(counter)],
+        )
+        assert trainer.train().global_step == UPDATES
+    return counter.count / UPDATES
+
+
+@pytest.fixture(scope="module")
+def initial_model(tiny_model_dir):
+    return BertForSequenceClassification.from_pretrained(tiny_model_dir)
+
+
+@pytest.mark.parametrize("class_weighting", ["none", "balanced"])
+def test_review_trainer_reads_the_device_once_per_update(initial_model, tokenizer, tmp_path, class_weighting):
+    # With class weights each micro-batch's mass is a sum of its labels' weights: kept on the device too.
+    reads = _reads_per_update(ReviewTrainer, tokenizer, initial_model, tmp_path, class_weighting=class_weighting)
+    assert reads == 1
+
+
+def test_stock_trainer_reads_every_micro_batch(initial_model, tokenizer, tmp_path):
+    # The negative control: the counter does see a loop that reads each micro-batch's loss.
+    assert _reads_per_update(Trainer, tokenizer, initial_model, tmp_path) >= N_ACCUMULATE
