@@ -7,6 +7,7 @@ decides, placed at a random position among filler words: the cue must rank first
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import random
@@ -140,6 +141,10 @@ def test_words_past_max_length_score_zero(tiny_model_dir, tokenizer):
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+    # A copy cutting on the right: the session's tokenizer is shared, and encoding with
+    # truncation_side left (another test) leaves it cutting on the left.
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.truncation_side = "right"
     review = " ".join(f"word{index}" for index in range(40))  # "word12" is 2 pieces: 80 pieces in all
     (explanation,) = explain_reviews(model, tokenizer, [review], max_length=16)
     assert len(explanation.words) == 40
