@@ -540,13 +540,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _quiet_libraries()
         options.handler(options, extra)
     except FinetuneError as error:
-        print(f"error: {error}", file=sys.stderr)
+        _say_on_stderr(f"error: {error}")
         return 2
     except TrainingInterrupted as stop:
-        print(stop, file=sys.stderr)
+        _say_on_stderr(str(stop))
         return stop.exit_status
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _say_on_stderr("interrupted")
         return 130
     except BrokenPipeError:
         # The reader stopped reading (predict ... | head): a normal end, not an error to report. Python's
@@ -559,13 +559,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (a metrics file, a picture): the cause in one line, not a traceback. Other OSErrors are bugs.
         if error.errno not in _WRITE_FAILURES:
             raise
-        print(
+        _say_on_stderr(
             f"error: cannot write {error.filename or 'a file'} ({error.strerror}); free disk space or choose "
-            "another folder",
-            file=sys.stderr,
+            "another folder"
         )
         return 2
     return 0
+
+
+def _say_on_stderr(line: str) -> None:
+    # One write of the whole line: print() writes the text and the newline separately, so the
+    # processes of one launch (torchrun, accelerate) refusing together interleaved their errors.
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 _WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
