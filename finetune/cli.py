@@ -112,6 +112,7 @@ def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
         resamples=options.resamples,
         seed=options.seed,
         calibrate=options.calibrate,
+        explain=not options.no_explain,
     )
 
 
@@ -340,6 +341,11 @@ def build_cli() -> argparse.ArgumentParser:
         "--calibrate",
         action="store_true",
         help="fit a temperature on validation and fold it into the folder's model (predict and pipeline() use it)",
+    )
+    evaluate.add_argument(
+        "--no_explain",
+        action="store_true",
+        help="leave the errors file's top_words empty (explaining takes a second or two per listed mistake on a CPU)",
     )
     evaluate.set_defaults(handler=_evaluate)
 

@@ -324,6 +324,24 @@ def test_errors_file_gives_each_mistake_its_top_words(run_copy):
             assert all(cell.rsplit(" (", 1)[0] in row["text"] for cell in row["top_words"].split("; "))
 
 
+def test_evaluate_no_explain_leaves_top_words_empty_and_explains_nothing(run_copy, monkeypatch):
+    import finetune.evaluation.explain as explain_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("--no_explain must not explain")
+
+    monkeypatch.setattr(explain_module, "explain_predictions", refuse)
+    (run_copy / "scored.csv").write_text(
+        "review,stars\nreview 1 was great,5\nreview 2 was awful,1\nreview 3 was fine,3\nlovely value,4\n",
+        encoding="utf-8",
+    )
+    command = ["evaluate", str(run_copy / "run"), "--data", str(run_copy / "scored.csv"), "--no_baseline"]
+    assert main([*command, "--resamples", "10", "--no_explain"]) == 0
+    rows = list(csv.DictReader((run_copy / "run" / "errors_data-scored.csv").open(encoding="utf-8")))
+    assert len(rows) == 4 and any(row["predicted"] != row["true"] for row in rows)
+    assert [row["top_words"] for row in rows] == [""] * 4
+
+
 def test_explains_under_inference_mode(tiny_model_dir, tokenizer):
     from transformers import AutoModelForSequenceClassification
 

@@ -23,6 +23,7 @@ def evaluate(
     resamples: int = 1000,
     seed: int = 0,
     calibrate: bool = False,
+    explain: bool = True,
 ) -> list[dict[str, Any]]:
     """Score ``path`` (a model folder or a run folder) and print a table; returns one report per model.
 
@@ -30,7 +31,9 @@ def evaluate(
     resamples of the reviews, ``seed``), and every model but the best with a
     paired test against the best on the same resamples; the best model's
     largest losses go to ``errors_<split>.csv`` and its calibration (ECE) to a
-    reliability diagram. With ``calibrate``, a temperature fitted on the run's
+    reliability diagram; with ``explain`` (the default) each listed mistake
+    gets the words behind its wrong label (a second or two a mistake on a CPU).
+    With ``calibrate``, a temperature fitted on the run's
     validation split is folded into the folder's own model (see
     :func:`calibrate_model`).
 
@@ -106,7 +109,9 @@ def evaluate(
     # A file's results are named data-<its stem>: a file named test.csv must not replace the run's
     # own test-split results (evaluation_test.json, errors_test.csv, the pictures).
     scored_on = f"data-{Path(data).stem}" if data else split
-    written = write_errors_and_calibration(folder, scored_on, scoring, probabilities[best], label_names, reports[best])
+    written = write_errors_and_calibration(
+        folder, scored_on, scoring, probabilities[best], label_names, reports[best], explain=explain
+    )
     if calibrate:
         written.append(calibrate_model(models[-1], calibration_data, batch_size, probabilities[-1], scoring.labels))
     out_name = f"evaluation_{scored_on}.json"
@@ -224,14 +229,18 @@ def write_errors_and_calibration(
     probabilities: Any,
     label_names: list[str],
     best: dict[str, Any],
+    explain: bool = True,
 ) -> list[Path]:
-    """The best model's largest losses as ``errors_<scored_on>.csv`` and its reliability diagram; ECE into ``best``."""
+    """The best model's largest losses as ``errors_<scored_on>.csv`` and its reliability diagram; ECE into ``best``.
+
+    With ``explain`` each listed mistake's ``top_words`` is filled; without, the column stays empty.
+    """
     from ..evaluation.calibration import calibration_table, expected_calibration_error
     from ..evaluation.errors import write_largest_losses
     from ..evaluation.report import plot_reliability
 
     errors = folder / f"errors_{scored_on}.csv"
-    explainer = _mistake_explainer(Path(best["model"]), scoring.encoding)
+    explainer = _mistake_explainer(Path(best["model"]), scoring.encoding) if explain else None
     write_largest_losses(errors, scoring.texts, scoring.labels, probabilities, label_names, explainer=explainer)
     best["ece"] = expected_calibration_error(probabilities, scoring.labels)
     reliability = folder / f"reliability_{scored_on}.png"
