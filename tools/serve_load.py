@@ -22,19 +22,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import re
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
-_ADDRESS = re.compile(r"serving .* at http://127\.0\.0\.1:(\d+)")
 
 
 def main() -> None:
@@ -51,6 +45,7 @@ def main() -> None:
     import torch
 
     from finetune.commands.predict import read_model_inputs
+    from finetune.serve.background import ServerProcess
 
     serve_flags = options.serve_flags.split()
     if options.threads:
@@ -72,16 +67,14 @@ def main() -> None:
     figures["predict"] = _predict_rate(Path(options.run), [review for body in bodies for review in body])
 
     with tempfile.TemporaryDirectory() as folder:
-        log = Path(folder) / "serve.log"
-        server, port = _start(options.run, log, serve_flags)
+        server = ServerProcess(options.run, Path(folder) / "serve.log", *serve_flags, start_timeout_s=300)
         try:
-            _send_all(port, bodies[:8], clients=1)  # warm-up: first calls are slower
-            figures["one_at_a_time"] = _send_all(port, bodies, clients=1)
-            figures["batched"] = _send_all(port, bodies, clients=options.clients)
+            _send_all(server.port, bodies[:8], clients=1)  # warm-up: first calls are slower
+            figures["one_at_a_time"] = _send_all(server.port, bodies, clients=1)
+            figures["batched"] = _send_all(server.port, bodies, clients=options.clients)
             figures["batched"]["clients"] = options.clients
         finally:
-            server.send_signal(signal.SIGTERM)
-            figures["server_exit_status"] = server.wait(timeout=120)
+            figures["server_exit_status"] = server.stop(timeout_s=120)
     batched = figures["batched"]["reviews_per_s"]
     figures["batched_vs_one_at_a_time"] = round(batched / figures["one_at_a_time"]["reviews_per_s"], 2)
     figures["batched_vs_predict"] = round(batched / figures["predict"]["reviews_per_s"], 2)
@@ -100,24 +93,6 @@ def _predict_rate(run: Path, texts: list[str]) -> dict:
     predict_probabilities(model, tokenizer, texts, 32, encoding)
     seconds = time.perf_counter() - started
     return {"reviews": len(texts), "seconds": round(seconds, 2), "reviews_per_s": round(len(texts) / seconds, 1)}
-
-
-def _start(run: str, log: Path, flags: list[str]) -> tuple[subprocess.Popen, int]:
-    env = {**os.environ, "PYTHONPATH": str(PROJECT)}
-    with log.open("wb") as stderr:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "finetune", "serve", run, "--port", "0", *flags], stderr=stderr, env=env
-        )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        found = _ADDRESS.search(log.read_text(errors="replace"))
-        if found:
-            return server, int(found.group(1))
-        if server.poll() is not None:
-            raise SystemExit(f"finetune serve exited {server.returncode}: {log.read_text()}")
-        time.sleep(0.2)
-    server.kill()
-    raise SystemExit(f"finetune serve did not start: {log.read_text()}")
 
 
 def _send_all(port: int, bodies: list[list[str]], clients: int) -> dict:
