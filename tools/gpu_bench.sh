@@ -86,7 +86,7 @@ step "train drugscom-mpnet bf16 (breakdown)" 150 $PY -m finetune train recipes/d
   --model_name_or_path $MPNET --bf16 true --output_dir /tmp/run-mpnet --disable_tqdm true
 cp /tmp/run-mpnet/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-bf16.json 2>/dev/null
 step "exactness and host-sync tests on CUDA" 120 env FINETUNE_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
-  tests/test_exactness.py tests/test_host_syncs.py tests/test_schedule_and_logging.py 2>&1 |
+  tests/test_exactness.py tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py 2>&1 |
   tee $RESULTS/tests-cuda.txt
 step "bench MPNet fp16" 120 $PY "${BENCH[@]}" recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --fp16 true \
   --output $RESULTS/bench-mpnet-fp16.json
