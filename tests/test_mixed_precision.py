@@ -30,7 +30,7 @@ from transformers import BertForSequenceClassification, DataCollatorWithPadding,
 from finetune import ReviewTrainer
 
 DEVICE = "cpu" if TEST_ON_CPU else "cuda"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Error relative to how far the reference moved the weights (see the module docstring).
 UPDATE_TOLERANCE = 2e-2
 # The GradScaler's starting scale (torch's and Accelerate's default).
@@ -51,7 +51,7 @@ def reference_steps(model, dataset, collator, window_samples: int, precision: st
     for start in range(0, len(dataset), window_samples):
         rows = range(start, min(start + window_samples, len(dataset)))
         batch = {key: value.to(DEVICE) for key, value in collator([dataset[row] for row in rows]).items()}
-        with torch.autocast(DEVICE, dtype=DTYPES[precision]):
+        with torch.autocast(DEVICE, dtype=DTYPES[precision], enabled=precision != "fp32"):
             loss = model(**batch).loss
         gradients = torch.autograd.grad(loss.float() * scale, parameters, allow_unused=True)
         with torch.no_grad():
@@ -99,6 +99,10 @@ def test_mixed_precision_update_equals_full_batch_step(
     error = update_error(result, reference, initial)
     print(f"{precision} on {DEVICE}: error relative to the update {error:.3g}")  # shown with -s
     assert error < UPDATE_TOLERANCE
+    # And the run really was in reduced precision: a float32 run would sit within float32 rounding
+    # (1e-4, tests/test_exactness.py) of the float32 reference.
+    float32_reference = reference_steps(initial_model, dataset, collator, micro_batch * n, "fp32")
+    assert update_error(result, float32_reference, initial) > 1e-4
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
