@@ -248,6 +248,13 @@ def test_seeds_train_once_per_seed_and_summarise(tmp_path, tiny_model_dir, capsy
     assert "± +" not in table and "± -" not in table  # a spread has no sign
     # A second time the summary is not overwritten without the flag.
     assert main(["train", str(recipe), "--seeds", "2", *flags]) == 2
+    assert "pass --resume_from_checkpoint auto to reuse the finished seeds" in capsys.readouterr().err
+    # With "auto", more seeds are added: 7 and 8 are read back, 9 trains, the summary covers all three.
+    assert main(["train", str(recipe), "--seeds", "3", *flags, "--resume_from_checkpoint", "auto"]) == 0
+    said = capsys.readouterr().err
+    assert "seed 7 (1 of 3): finished before in" in said and "seed 8 (2 of 3): finished before in" in said
+    grown = json.loads((tmp_path / "runs" / "seeds.json").read_text())
+    assert grown["seeds"] == [7, 8, 9] and grown["runs"][:2] == summary["runs"]
 
 
 def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_dir, capsys, monkeypatch):

@@ -66,10 +66,12 @@ def run_repeats(
             f"(got {resume}); pass --resume_from_checkpoint auto, or train that one run without --{kind}s"
         )
     summary_path = folder / f"{kind}s.json"
-    if summary_path.exists() and not overwrite:
+    # With "auto" the user asks to go on: the finished runs are reused and the summary rewritten to
+    # cover them all (e.g. --seeds 3 after --seeds 1 trains two more).
+    if summary_path.exists() and not overwrite and resume is None:
         raise FinetuneError(
-            f"{summary_path} already exists; pass --overwrite_output_dir to run the {kind}s again, "
-            "or choose another output_dir"
+            f"{summary_path} already exists; pass --resume_from_checkpoint auto to reuse the finished {kind}s and "
+            f"train the rest, --overwrite_output_dir to run the {kind}s again, or choose another output_dir"
         )
     # Every folder is looked at before any training (or deleting), so a refusal costs no run's time or file.
     planned = []
