@@ -118,7 +118,8 @@ def tiny_recipe(folder: Path, model_dir: Path, output_dir: Path, **fields) -> Pa
         "metric_for_best_model": "macro_f1",
         "train_sampling_strategy": "group_by_length",
         "logging_steps": 5,
-        "use_cpu": "true",
+        # FINETUNE_TEST_DEVICE=cuda: recipe runs train on the GPU too (the resume test on CUDA).
+        "use_cpu": "true" if TEST_ON_CPU else "false",
         "disable_tqdm": "true",
     }
     values.update(fields)

@@ -8,7 +8,7 @@
 # report/metrics.json, the CUDA test log). In order of priority:
 #   1. finetune bench --device cuda, bf16: MPNet (all-mpnet-base-v2 shape) and the packaged MiniLM, micro-batch 32
 #   2. the wall-clock breakdown of recipes/drugscom-mpnet.yaml in bf16
-#   3. the exactness, host-sync and schedule tests on CUDA (FINETUNE_TEST_DEVICE=cuda)
+#   3. the exactness (fp32, bf16, fp16), host-sync, schedule and kill-and-resume tests on CUDA (FINETUNE_TEST_DEVICE=cuda)
 #   4. the same benches in fp16 (GradScaler), then MPNet with fused AdamW, then with torch.compile
 # The models have random weights of the real models' shapes (their weights cannot travel, see gpu_prepare.sh):
 # speeds, MFU, memory and syncs are the real models'; scores are not, so the breakdown's scores mean nothing.
@@ -85,8 +85,9 @@ step "bench MiniLM bf16" 90 $PY "${BENCH[@]}" recipes/drugscom.yaml --bf16 true 
 step "train drugscom-mpnet bf16 (breakdown)" 150 $PY -m finetune train recipes/drugscom-mpnet.yaml \
   --model_name_or_path $MPNET --bf16 true --output_dir /tmp/run-mpnet --disable_tqdm true
 cp /tmp/run-mpnet/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-bf16.json 2>/dev/null
-step "exactness and host-sync tests on CUDA" 120 env FINETUNE_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider \
-  tests/test_exactness.py tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py 2>&1 |
+step "exactness, mixed-precision, host-sync and kill-and-resume tests on CUDA" 180 env FINETUNE_TEST_DEVICE=cuda \
+  $PY -m pytest -q -p no:cacheprovider tests/test_exactness.py tests/test_mixed_precision.py tests/test_host_syncs.py \
+  tests/test_schedule_and_logging.py "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 |
   tee $RESULTS/tests-cuda.txt
 step "bench MPNet fp16" 120 $PY "${BENCH[@]}" recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --fp16 true \
   --output $RESULTS/bench-mpnet-fp16.json
