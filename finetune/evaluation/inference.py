@@ -15,6 +15,7 @@ from ..errors import FinetuneError
 from ..export.fallback import Int8WithFallback, read_fallback
 from ..export.onnxruntime import OnnxClassifier, is_onnx_folder, require_onnx_runtime
 from ..export.openvino import OpenVinoClassifier, is_openvino_folder, require_openvino
+from .length_batches import CPU_PASS_COST_TOKENS, length_batches
 
 # Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.
 EXPORTED_CLASSIFIERS = (OnnxClassifier, OpenVinoClassifier)
@@ -105,8 +106,9 @@ def predict_probabilities(
 
     Each text is encoded as ``encoding`` says (cut to ``max_length``, or with
     ``sliding_window`` as overlapping windows whose logits are averaged).
-    Rows are sorted by length so each batch pads only to its own longest
-    (padding is wasted compute), and run under ``inference_mode``.
+    Rows are sorted by length and, on a CPU, cut into batches (at most
+    ``batch_size``) where padding would cost more than another pass
+    (:mod:`.length_batches`), and run under ``inference_mode``.
     An int8 export with an fp32 fallback scores every text in int8, then its
     close calls again in fp32 (:mod:`.fallback`).
     """
@@ -156,12 +158,17 @@ def _logits(
     if not exported:
         model.to(device).eval()
     inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in rows]
-    order = np.argsort([len(ids) for ids in rows["input_ids"]], kind="stable")
+    lengths = [len(ids) for ids in rows["input_ids"]]
+    if device.type == "cpu":
+        batches = length_batches(lengths, batch_size, CPU_PASS_COST_TOKENS)
+    else:
+        # On a GPU a padded token costs next to nothing against a pass: plain runs of batch_size.
+        order = np.argsort(lengths, kind="stable")
+        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     collator = DataCollatorWithPadding(tokenizer, return_tensors="np" if exported else "pt")
     logits = np.zeros((len(rows["input_ids"]), model.config.num_labels), dtype=np.float64)
     with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            chosen = order[start : start + batch_size]
+        for chosen in batches:
             batch = collator([{name: rows[name][row] for name in inputs} for row in chosen])
             if exported:
                 logits[chosen] = model.logits(batch)
