@@ -317,6 +317,18 @@ def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_
     # Moved or copied elsewhere, the folder holds the same run: where it is is not what it trained.
     moved = shutil.copytree(seed_7, tmp_path / "moved" / "seed-7")
     assert finished_run_metrics(str(recipe), [*flags, "--seed", "7", "--output_dir", str(moved)], moved) is not None
+    # The flags' settings written into a recipe (48 read from YAML where "48" was typed; false for "false"):
+    # the same run. Another value is another run.
+    import yaml
+
+    fields = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+    fields.update(max_train_samples=48, max_test_samples=24, save_strategy="no", load_best_model_at_end=False)
+    written_out = tmp_path / "written-out.yaml"
+    written_out.write_text(yaml.safe_dump(fields), encoding="utf-8")
+    where = ["--seed", "7", "--output_dir", str(seed_7)]
+    assert finished_run_metrics(str(written_out), where, seed_7) is not None
+    written_out.write_text(yaml.safe_dump({**fields, "max_train_samples": 47}), encoding="utf-8")
+    assert finished_run_metrics(str(written_out), where, seed_7) is None
 
     # A data file edited in place (same path, other reviews) is other data: going on is refused, not
     # "resumed" from the finished run's last state, and seed 7 is left as it was.

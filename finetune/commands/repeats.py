@@ -167,7 +167,7 @@ def finished_run_metrics(
     distilled from the teacher whose weights have ``teacher_fingerprint``, or not
     distilled when it is None.
     """
-    from ..config.recipes import load_recipe
+    from ..config.recipes import load_recipe, recipe_from_values, typed_values
     from ..training.runs import RUN_CONFIG, changed_data_files, data_fields_on_record
     from .train import HOW_TO_RUN_FLAGS
 
@@ -193,8 +193,12 @@ def finished_run_metrics(
         }
 
     run = load_recipe(recipe, flags)
-    wanted = json.loads(json.dumps(run.values, default=str))
-    if what_is_trained(config.get("recipe_values") or {}) != what_is_trained(wanted):
+    try:
+        # The recorded values parsed as the wanted ones are: a flag's "8e-5" is a recipe's 8.0e-5.
+        recorded = recipe_from_values(config.get("recipe_values") or {})
+    except FinetuneError:
+        return None  # values this version no longer takes: trained again
+    if what_is_trained(typed_values(recorded)) != what_is_trained(typed_values(run)):
         return None
     # The data fields with their paths made absolute, as the run recorded them: a relative
     # train_file read from another folder is other data.

@@ -56,8 +56,15 @@ def valid_keys(parser: HfArgumentParser | None = None) -> set[str]:
 
 def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Recipe:
     """Read ``recipe_path`` (may be None: flags only) and apply ``flags`` on top."""
-    flags = list(flags or [])
     values = read_recipe_file(recipe_path) if recipe_path else {}
+    return recipe_from_values(values, flags, recipe_path)
+
+
+def recipe_from_values(
+    values: dict[str, Any], flags: list[str] | None = None, recipe_path: str | None = None
+) -> Recipe:
+    """The recipe these values (as a recipe file holds them) and ``flags`` give; errors name ``recipe_path``."""
+    flags = list(flags or [])
     values = _resolve_aliases(values, recipe_path or "the flags")
     parser = build_parser()
     keys = valid_keys(parser)
@@ -93,6 +100,22 @@ def load_recipe(recipe_path: str | None, flags: list[str] | None = None) -> Reci
         one_line = " ".join(line.strip() for line in str(error).strip().splitlines() if line.strip())
         raise FinetuneError(f"invalid training arguments: {one_line}")
     return Recipe(model=model, data=data, training=training, source=recipe_path, values={**values, **given})
+
+
+def typed_values(recipe: Recipe) -> dict[str, Any]:
+    """The values the recipe and its flags set, each as its field parsed it (``"8e-5"`` and ``8.0e-5`` alike).
+
+    A flag's value is the string typed, a recipe's what YAML read; the parsed
+    fields are what the run trained with, so two runs compare equal here when
+    they trained alike however their values were written. In JSON's types.
+    """
+    groups = (recipe.model, recipe.data, recipe.training)
+    typed = {}
+    for key in recipe.values:
+        name = ALIASES.get(key, key)
+        holder = next((group for group in groups if hasattr(group, name)), None)
+        typed[name] = getattr(holder, name) if holder is not None else recipe.values[key]
+    return json.loads(json.dumps(typed, default=str))
 
 
 def _refuse_undecodable(recipe_path: str | None, values: dict[str, Any]) -> None:
