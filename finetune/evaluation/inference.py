@@ -106,8 +106,8 @@ def predict_probabilities(
 
     Each text is encoded as ``encoding`` says (cut to ``max_length``, or with
     ``sliding_window`` as overlapping windows whose logits are averaged).
-    Rows are sorted by length and, on a CPU, cut into batches (at most
-    ``batch_size``) where padding would cost more than another pass
+    Rows are sorted by length and, for a PyTorch model on a CPU, cut into
+    batches (at most ``batch_size``) where padding would cost more than another pass
     (:mod:`.length_batches`), and run under ``inference_mode``.
     An int8 export with an fp32 fallback scores every text in int8, then its
     close calls again in fp32 (:mod:`.fallback`).
@@ -159,10 +159,11 @@ def _logits(
         model.to(device).eval()
     inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in rows]
     lengths = [len(ids) for ids in rows["input_ids"]]
-    if device.type == "cpu":
+    if device.type == "cpu" and not exported:
         batches = length_batches(lengths, batch_size, CPU_PASS_COST_TOKENS)
     else:
-        # On a GPU a padded token costs next to nothing against a pass: plain runs of batch_size.
+        # On a GPU a padded token costs next to nothing against a pass: plain runs of batch_size. An int8
+        # export too: its pass cost was not measured, and OpenVINO prepares each new batch shape on first use.
         order = np.argsort(lengths, kind="stable")
         batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     collator = DataCollatorWithPadding(tokenizer, return_tensors="np" if exported else "pt")
