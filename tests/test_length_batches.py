@@ -60,5 +60,11 @@ def test_with_a_costly_pass_the_fewest_batches_of_sorted_rows():
     assert [lengths[row] for batch in batches for row in batch] == sorted(lengths)
 
 
+def test_without_a_pass_cost_the_batches_are_plain_runs_of_sorted_rows():
+    lengths = [5, 9, 1, 7, 3, 8, 2]
+    batches = length_batches(lengths, 3, None)
+    assert [[lengths[row] for row in batch] for batch in batches] == [[1, 2, 3], [5, 7, 8], [9]]
+
+
 def test_no_rows_no_batches():
     assert length_batches([], 32, 40) == []

@@ -158,14 +158,10 @@ def _logits(
     if not exported:
         model.to(device).eval()
     inputs = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in rows]
-    lengths = [len(ids) for ids in rows["input_ids"]]
-    if device.type == "cpu" and not exported:
-        batches = length_batches(lengths, batch_size, CPU_PASS_COST_TOKENS)
-    else:
-        # On a GPU a padded token costs next to nothing against a pass: plain runs of batch_size. An int8
-        # export too: its pass cost was not measured, and OpenVINO prepares each new batch shape on first use.
-        order = np.argsort(lengths, kind="stable")
-        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    # On a GPU a padded token costs next to nothing against a pass: plain runs of batch_size. An int8
+    # export too: its pass cost was not measured, and OpenVINO prepares each new batch shape on first use.
+    pass_cost = CPU_PASS_COST_TOKENS if device.type == "cpu" and not exported else None
+    batches = length_batches([len(ids) for ids in rows["input_ids"]], batch_size, pass_cost)
     collator = DataCollatorWithPadding(tokenizer, return_tensors="np" if exported else "pt")
     logits = np.zeros((len(rows["input_ids"]), model.config.num_labels), dtype=np.float64)
     with torch.inference_mode():

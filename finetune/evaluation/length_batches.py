@@ -23,15 +23,18 @@ import numpy as np
 CPU_PASS_COST_TOKENS = 40
 
 
-def length_batches(lengths: Sequence[int], max_batch_size: int, pass_cost_tokens: float) -> list[np.ndarray]:
+def length_batches(lengths: Sequence[int], max_batch_size: int, pass_cost_tokens: float | None) -> list[np.ndarray]:
     """Row indices of each batch: rows sorted by length, cut to minimise passes x cost + padded tokens.
 
-    Every batch holds at most ``max_batch_size`` rows of neighbouring lengths;
-    with ``pass_cost_tokens`` very large this is plain runs of ``max_batch_size``.
+    Every batch holds at most ``max_batch_size`` rows of neighbouring lengths.
+    ``pass_cost_tokens`` None (a device or backend whose pass cost was not
+    measured) gives plain runs of ``max_batch_size`` sorted rows.
     """
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
     order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
+    if pass_cost_tokens is None:
+        return [order[start : start + max_batch_size] for start in range(0, len(order), max_batch_size)]
     sorted_lengths = np.asarray(lengths, dtype=np.float64)[order]
     count = len(order)
     # best[i]: the least cost of the first i sorted rows; cut[i]: where their last batch starts.
