@@ -9,7 +9,7 @@
 #   1. finetune bench --device cuda, bf16: MPNet (all-mpnet-base-v2 shape) and the packaged MiniLM, micro-batch 32
 #   2. the wall-clock breakdown of recipes/drugscom-mpnet.yaml in bf16
 #   3. the exactness (fp32, bf16, fp16), host-sync, schedule and kill-and-resume tests on CUDA (FINETUNE_TEST_DEVICE=cuda)
-#   4. the same benches in fp16 (GradScaler), then MPNet with fused AdamW, then with torch.compile
+#   4. the same benches in fp16 (GradScaler), then MPNet with group_by_length and fused AdamW (both trainers get them), then with torch.compile
 # The models have random weights of the real models' shapes (their weights cannot travel, see gpu_prepare.sh):
 # speeds, MFU, memory and syncs are the real models'; scores are not, so the breakdown's scores mean nothing.
 set -uo pipefail
@@ -76,12 +76,12 @@ step() { # step NAME SECONDS COMMAND...: run unless the budget is spent, within 
   echo "=== $name: exit $? after $((SECONDS - began))s"
 }
 # 9 updates of 32 x 2 = 576 of drugscom's 600 training reviews; bench's prediction rows (CPU) are left out.
-BENCH=(-m finetune bench --device cuda --no_inference --per_device_train_batch_size 32
-  --gradient_accumulation_steps 2 --updates 9)
+# The recipe comes right after `bench` (its first positional argument), these flags after it.
+BENCH=(--device cuda --no_inference --per_device_train_batch_size 32 --gradient_accumulation_steps 2 --updates 9)
 
-step "bench MPNet bf16" 120 $PY "${BENCH[@]}" recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --bf16 true \
+step "bench MPNet bf16" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET --bf16 true \
   --output $RESULTS/bench-mpnet-bf16.json
-step "bench MiniLM bf16" 90 $PY "${BENCH[@]}" recipes/drugscom.yaml --bf16 true --output $RESULTS/bench-minilm-bf16.json
+step "bench MiniLM bf16" 90 $PY -m finetune bench recipes/drugscom.yaml "${BENCH[@]}" --bf16 true --output $RESULTS/bench-minilm-bf16.json
 step "train drugscom-mpnet bf16 (breakdown)" 150 $PY -m finetune train recipes/drugscom-mpnet.yaml \
   --model_name_or_path $MPNET --bf16 true --output_dir /tmp/run-mpnet --disable_tqdm true
 cp /tmp/run-mpnet/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-bf16.json 2>/dev/null
@@ -89,11 +89,11 @@ step "exactness, mixed-precision, host-sync and kill-and-resume tests on CUDA" 1
   $PY -m pytest -q -p no:cacheprovider tests/test_exactness.py tests/test_mixed_precision.py tests/test_host_syncs.py \
   tests/test_schedule_and_logging.py "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 |
   tee $RESULTS/tests-cuda.txt
-step "bench MPNet fp16" 120 $PY "${BENCH[@]}" recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --fp16 true \
+step "bench MPNet fp16" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET --fp16 true \
   --output $RESULTS/bench-mpnet-fp16.json
-step "bench MiniLM fp16" 90 $PY "${BENCH[@]}" recipes/drugscom.yaml --fp16 true --output $RESULTS/bench-minilm-fp16.json
-step "bench MPNet bf16 fused AdamW" 120 $PY "${BENCH[@]}" recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET \
-  --bf16 true --optim adamw_torch_fused --output $RESULTS/bench-mpnet-bf16-fused.json
-step "bench MPNet bf16 torch.compile" 180 $PY "${BENCH[@]}" recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET \
+step "bench MiniLM fp16" 90 $PY -m finetune bench recipes/drugscom.yaml "${BENCH[@]}" --fp16 true --output $RESULTS/bench-minilm-fp16.json
+step "bench MPNet bf16 group_by_length + fused AdamW" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET \
+  --bf16 true --group_by_length true --optim adamw_torch_fused --output $RESULTS/bench-mpnet-bf16-best.json
+step "bench MPNet bf16 torch.compile" 180 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET \
   --bf16 true --optim adamw_torch_fused --torch_compile true --output $RESULTS/bench-mpnet-bf16-compile.json
 echo "done in $((SECONDS - START))s"

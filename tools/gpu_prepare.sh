@@ -20,7 +20,7 @@ mkdir -p "$CARRY/wheels" "$CARRY/models" "$CARRY/cache/datasets"
 # 1. Wheels for the device's Python 3.12 (x86-64), without dependencies: only what the image lacks or has too old.
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d "$CARRY/wheels" transformers==5.23.0 datasets==5.2.0 evaluate==0.4.6 dill==0.4.1 multiprocess==0.70.19
+  -d "$CARRY/wheels" transformers==5.23.0 datasets==5.2.0 evaluate==0.4.6 dill==0.4.1 multiprocess==0.70.19 captum==0.9.0
 
 # 2. Config and tokenizer files (no weights) of the packaged MiniLM and of MPNet, from this machine's copies.
 "$PYTHON" - "$CARRY/models" <<'PY'
