@@ -207,3 +207,45 @@ def test_prediction_rows_by_hand():
     assert report["vs_fp32"]["predict int8 + fp32 fallback"]["rescored_in_fp32"] == 0
     assert report["vs_fp32"]["predict int8 + fp32 fallback"]["agreement"] == 1.0
     assert "0 reviews scored again in fp32" in "\n".join(_format_prediction(report))
+
+
+def test_a_run_timed_apart_from_the_counted_one_starts_from_the_same_weights(tmp_path, tiny_model_dir):
+    """On a GPU the bench counts syncs in a first run and times a second: both must train the same thing.
+
+    Timed apart on the CPU here, each system's timed run must give the loss and samples of a single run
+    from fresh weights (a second run that started from the first run's trained weights would not), and
+    carry the first run's sync counts.
+    """
+    from dataclasses import asdict
+
+    from finetune.commands.bench import _speed_specs
+    from finetune.commands.bench_systems import _train_system
+    from finetune.config.recipes import load_recipe
+    from finetune.data.encoding import ReviewEncoding
+    from finetune.data.splits import load_review_data, tokenize_splits
+    from finetune.training.modeling import load_tokenizer
+
+    class Updates:
+        def __init__(self) -> None:
+            self.count = 0
+
+        def put(self, item) -> None:
+            self.count += item == ("progress", 1)
+
+    recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
+    run = load_recipe(recipe, [])
+    data = load_review_data(run.data, seed=run.training.seed)
+    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
+    encoded, _ = tokenize_splits(data.splits, tokenizer, ReviewEncoding.from_fields(asdict(run.data)))
+    specs = _speed_specs(recipe, [], run.training, encoded["train"], tmp_path, data.label_names, 2)
+    for spec in specs:
+        spec.timed_apart = False
+        alone = _train_system(spec, Updates())
+        spec.timed_apart = True
+        updates = Updates()
+        apart = _train_system(spec, updates)
+        assert updates.count == 2, spec.system  # only the timed run moves the bench's bar
+        assert apart["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-6), spec.system
+        assert apart["sample_ids"] == alone["sample_ids"] and apart["lengths"] == alone["lengths"]
+        assert apart["host_syncs"] == alone["host_syncs"] is not None
+        assert apart["model_host_syncs"] == alone["model_host_syncs"]

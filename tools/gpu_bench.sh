@@ -3,13 +3,14 @@
 # mid-figure, once the budget runs out). Prepare first, here, with tools/gpu_prepare.sh; then:
 #
 #   run(command="bash tools/gpu_bench.sh", carry=[".gpu_carry"], timeout_s=580)
+#   run(command="ONLY='MPNet bf16\$|16 x 1' BUDGET=200 bash tools/gpu_bench.sh", ...)   # some steps only
 #
 # What comes back under $OUT: log.txt (everything printed) and results.tar.gz (each bench's JSON, the breakdown's
 # report/metrics.json, the CUDA test log). In order of priority:
 #   1. finetune bench --device cuda, bf16: MPNet (all-mpnet-base-v2 shape) and the packaged MiniLM, micro-batch 32
 #   2. the wall-clock breakdown of recipes/drugscom-mpnet.yaml in bf16
 #   3. the exactness (fp32, bf16, fp16), host-sync, schedule and kill-and-resume tests on CUDA (FINETUNE_TEST_DEVICE=cuda)
-#   4. the same benches in fp16 (GradScaler), then MPNet with group_by_length and fused AdamW (both trainers get them), then with torch.compile
+#   4. the same benches in fp16 (GradScaler), then MPNet with fused AdamW, then with torch.compile (the recipes already group by length)
 # The models have random weights of the real models' shapes (their weights cannot travel, see gpu_prepare.sh):
 # speeds, MFU, memory and syncs are the real models'; scores are not, so the breakdown's scores mean nothing.
 set -uo pipefail
@@ -17,6 +18,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-bench-out}
 RESULTS=/tmp/gpu-bench-results
 BUDGET=${BUDGET:-540} # seconds for the steps; the packing at the end takes a few more
+ONLY=${ONLY:-} # a regular expression: run only the steps whose names match it (a second, shorter call)
 CARRY=.gpu_carry
 mkdir -p "$OUT" "$RESULTS"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -69,6 +71,7 @@ MPNET=/tmp/models/all-mpnet-base-v2
 step() { # step NAME SECONDS COMMAND...: run unless the budget is spent, within SECONDS (or what is left)
   local name=$1 limit=$2 left=$((BUDGET - (SECONDS - START))) began=$SECONDS
   shift 2
+  if [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]]; then echo "=== NOT ASKED FOR: $name"; return; fi
   if ((left < 45)); then echo "=== SKIPPED $name: ${left}s of the budget left"; return; fi
   ((limit > left)) && limit=$left
   echo "=== $name (at most ${limit}s)"
@@ -85,6 +88,11 @@ step "bench MiniLM bf16" 90 $PY -m finetune bench recipes/drugscom.yaml "${BENCH
 step "train drugscom-mpnet bf16 (breakdown)" 150 $PY -m finetune train recipes/drugscom-mpnet.yaml \
   --model_name_or_path $MPNET --bf16 true --output_dir /tmp/run-mpnet --disable_tqdm true
 cp /tmp/run-mpnet/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-bf16.json 2>/dev/null
+# The same updates in half the micro-batches: 16 x 1 is 8 x 2's full batch, which the contract makes exact.
+step "train drugscom-mpnet bf16 micro-batch 16 x 1 (breakdown)" 120 $PY -m finetune train recipes/drugscom-mpnet.yaml \
+  --model_name_or_path $MPNET --bf16 true --per_device_train_batch_size 16 --gradient_accumulation_steps 1 \
+  --output_dir /tmp/run-mpnet-16 --disable_tqdm true
+cp /tmp/run-mpnet-16/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-bf16-16x1.json 2>/dev/null
 step "exactness, mixed-precision, host-sync and kill-and-resume tests on CUDA" 180 env FINETUNE_TEST_DEVICE=cuda \
   $PY -m pytest -q -p no:cacheprovider tests/test_exactness.py tests/test_mixed_precision.py tests/test_host_syncs.py \
   tests/test_schedule_and_logging.py "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 |
@@ -92,8 +100,8 @@ step "exactness, mixed-precision, host-sync and kill-and-resume tests on CUDA" 1
 step "bench MPNet fp16" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET --fp16 true \
   --output $RESULTS/bench-mpnet-fp16.json
 step "bench MiniLM fp16" 90 $PY -m finetune bench recipes/drugscom.yaml "${BENCH[@]}" --fp16 true --output $RESULTS/bench-minilm-fp16.json
-step "bench MPNet bf16 group_by_length + fused AdamW" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET \
-  --bf16 true --group_by_length true --optim adamw_torch_fused --output $RESULTS/bench-mpnet-bf16-best.json
+step "bench MPNet bf16 fused AdamW" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET \
+  --bf16 true --optim adamw_torch_fused --output $RESULTS/bench-mpnet-bf16-fused.json
 step "bench MPNet bf16 torch.compile" 180 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET \
   --bf16 true --optim adamw_torch_fused --torch_compile true --output $RESULTS/bench-mpnet-bf16-compile.json
 echo "done in $((SECONDS - START))s"

@@ -8,6 +8,7 @@ the same number of updates, and reports what it saw through a queue.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -46,6 +47,9 @@ class SystemSpec:
     # reviews may lack a class, and then no "balanced" weights could be computed from them.
     class_weights: list[float] | None = None
     device: str = "cpu"  # where a training system trains: "cpu" or "cuda"
+    # Count the syncs in a first run and time a second, uncounted one from the same weights and seed
+    # (None: on a GPU, where counting costs more than small kernels; see _train_system).
+    timed_apart: bool | None = None
 
 
 def run_in_child(spec: SystemSpec, queue: Any) -> None:
@@ -166,26 +170,74 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     import psutil
     import torch
 
-    from ..training.host_syncs import CudaSyncWarnings, HostReadsWindow, counting_host_reads
-
     run, tokenizer, model, samples = _load(spec)
     args = run.training
     # Exactly the samples of `updates` windows, so a prefetching loader cannot collate more.
     samples = samples.select(range(spec.updates * args.per_device_train_batch_size * args.gradient_accumulation_steps))
-    pad_to = run.data.max_length if spec.system == CLASSIC_LOOP else None
-    collator = RecordingCollator(tokenizer, pad_to_max_length=pad_to)
     rss_before = psutil.Process().memory_info().rss
     on_gpu = spec.device == "cuda"
     if on_gpu:
         # Outside the timed span: CUDA's start-up and the weights' copy are no system's doing.
         model.to(spec.device)
         torch.cuda.synchronize()
+    # On a GPU the counting (patched tensor methods, CUDA's sync warnings with their stack walks) costs more
+    # than the kernels of a small batch, and a process's first run pays for loading and choosing kernels. So
+    # there the syncs are counted in a first run, which also warms CUDA up, and a second run from the same
+    # weights and seed, with nothing patched, is timed. On the CPU the counting costs nothing next to the
+    # matrix products: one run is counted and timed.
+    timed_apart = on_gpu if spec.timed_apart is None else spec.timed_apart
+    if timed_apart:
+        initial_weights = {name: value.clone() for name, value in model.state_dict().items()}
+        counted = _train_once(spec, run, model, samples, tokenizer, queue=None, counting=True)
+        model.load_state_dict(initial_weights)
+        model.zero_grad(set_to_none=True)
+    if on_gpu:
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    timed = _train_once(spec, run, model, samples, tokenizer, queue, counting=not timed_apart)
+    if not timed_apart:
+        counted = timed
 
-    # Host syncs are counted during the timed run itself: the patched methods cost every system alike.
+    return {
+        **timed,
+        "host_syncs": counted["host_syncs"],
+        "model_host_syncs": counted["model_host_syncs"],
+        "cuda_syncs": counted["cuda_syncs"],
+        "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
+        "system": spec.system,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "rss_before_training_bytes": rss_before,
+        "micro_batch": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _train_once(
+    spec: SystemSpec, run: Any, model: Any, samples: Any, tokenizer: Any, queue: Any, counting: bool
+) -> dict[str, Any]:
+    """One seeded training run of ``spec.system``: its seconds, samples and tokens, and (``counting``) its syncs.
+
+    ``queue`` (None: nothing) hears of each update, for the bench's progress bar.
+    """
+    import torch
+    from transformers import set_seed
+
+    from ..training.host_syncs import CudaSyncWarnings, HostReadsWindow, counting_host_reads
+
+    args = run.training
+    on_gpu = spec.device == "cuda"
+    queue = queue if queue is not None else _Discard()
+    pad_to = run.data.max_length if spec.system == CLASSIC_LOOP else None
+    collator = RecordingCollator(tokenizer, pad_to_max_length=pad_to)
+    set_seed(args.seed)
     cuda_syncs = CudaSyncWarnings()
-    with counting_host_reads(spec.device) as host_reads, cuda_syncs.recording():
-        counters = (host_reads, cuda_syncs) if on_gpu else (host_reads,)
+    with contextlib.ExitStack() as stack:
+        counters: tuple[Any, ...] = ()
+        if counting:
+            # Host syncs are counted during the run itself: the patched methods cost every system alike.
+            host_reads = stack.enter_context(counting_host_reads(spec.device))
+            counters = (host_reads, stack.enter_context(cuda_syncs.recording())) if on_gpu else (host_reads,)
         started = time.perf_counter()
         if spec.system == CLASSIC_LOOP:
             final_loss = _classic_loop(model, samples, collator, args, spec.updates, queue, spec.device, counters)
@@ -201,7 +253,7 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
                 args=args,
                 train_dataset=samples,
                 data_collator=collator,
-                callbacks=[_progress_callback(queue), HostReadsWindow(*counters)],
+                callbacks=[_progress_callback(queue), *([HostReadsWindow(*counters)] if counting else [])],
                 **({"class_weights": spec.class_weights} if review_trainer and spec.class_weights else {}),
             )
             result = trainer.train()
@@ -211,13 +263,10 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
 
-    peak_rss = peak_rss_bytes()
     return {
-        "host_syncs": host_reads.count,
-        "model_host_syncs": host_reads.model_count,
-        "cuda_syncs": cuda_syncs.count if on_gpu else None,
-        "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
-        "system": spec.system,
+        "host_syncs": host_reads.count if counting else None,
+        "model_host_syncs": host_reads.model_count if counting else None,
+        "cuda_syncs": cuda_syncs.count if counting and on_gpu else None,
         "seconds": seconds,
         "updates": updates,
         "samples": len(collator.sample_ids),
@@ -225,13 +274,15 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         "lengths": collator.lengths,
         "real_tokens": sum(collator.lengths),
         "padded_tokens": collator.padded_tokens,
-        "peak_rss_bytes": peak_rss,
-        "rss_before_training_bytes": rss_before,
         "train_loss": float(final_loss),
-        "micro_batch": args.per_device_train_batch_size,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "threads": torch.get_num_threads(),
     }
+
+
+class _Discard:
+    """A queue that drops what it is given: on a GPU the counted first run reports no progress."""
+
+    def put(self, item: Any) -> None:
+        """Drop ``item``."""
 
 
 def _classic_loop(
