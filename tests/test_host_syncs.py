@@ -80,3 +80,27 @@ def test_review_trainer_reads_the_device_once_per_update(initial_model, tokenize
 def test_stock_trainer_reads_every_micro_batch(initial_model, tokenizer, tmp_path):
     # The negative control: the counter does see a loop that reads each micro-batch's loss.
     assert _reads_per_update(Trainer, tokenizer, initial_model, tmp_path) >= N_ACCUMULATE
+
+
+def test_class_weights_are_copied_to_the_device_once_per_run(initial_model, tokenizer, tmp_path):
+    # A copy from host memory to a GPU waits for every kernel queued before it: made in each micro-batch's
+    # loss, it would be a sync per micro-batch that the reads above do not count.
+    args = quiet_args(
+        tmp_path,
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=N_ACCUMULATE,
+        max_steps=UPDATES,
+        class_weighting="balanced",
+    )
+    trainer = ReviewTrainer(
+        model=copy.deepcopy(initial_model),
+        args=args,
+        train_dataset=review_dataset(tokenizer, MICRO_BATCH * N_ACCUMULATE * UPDATES),
+        data_collator=DataCollatorWithPadding(tokenizer),
+    )
+    copies = []
+    host_weights = trainer.class_weights
+    copy_to = host_weights.to
+    host_weights.to = lambda *args, **kwargs: copies.append(args) or copy_to(*args, **kwargs)
+    assert trainer.train().global_step == UPDATES
+    assert len(copies) == 1

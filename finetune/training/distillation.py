@@ -118,7 +118,8 @@ class DistillationTrainer(ReviewTrainer):
             labels.view(-1),
             self.distill_alpha,
             self.distill_temperature,
-            self.class_weights,
+            # Copied to the device once per run (a copy per micro-batch would be a host sync on a GPU).
+            None if self.class_weights is None else self._class_weights_on(logits.device),
             self.args.label_smoothing_factor,
         )
         loss = losses.mean()

@@ -527,7 +527,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         loss = nn.functional.cross_entropy(
             logits.float().view(-1, logits.shape[-1]),
             labels.view(-1),
-            weight=self.class_weights.to(logits.device),
+            weight=self._class_weights_on(logits.device),
             label_smoothing=self.args.label_smoothing_factor,
         )
         return (loss, outputs) if return_outputs else loss
@@ -669,9 +669,17 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         if self.class_weights is None or inputs.get("labels") is None:
             return float(self._count_samples(inputs))
         labels = inputs["labels"].view(-1)
-        if self._class_weights_on_device is None or self._class_weights_on_device.device != labels.device:
-            self._class_weights_on_device = self.class_weights.to(labels.device)
-        return self._class_weights_on_device[labels].double().sum()
+        return self._class_weights_on(labels.device)[labels].double().sum()
+
+    def _class_weights_on(self, device: torch.device) -> torch.Tensor:
+        """The class weights on ``device``, copied there once.
+
+        A copy from host memory blocks until the GPU has run everything queued
+        before it: made per micro-batch, it would be a host sync per micro-batch.
+        """
+        if self._class_weights_on_device is None or self._class_weights_on_device.device != torch.device(device):
+            self._class_weights_on_device = self.class_weights.to(device)
+        return self._class_weights_on_device
 
     def _sum_over_processes(self, value: float | torch.Tensor) -> float | torch.Tensor:
         """``value`` summed over all processes (a no-op on one), as a tensor on the device on several."""
