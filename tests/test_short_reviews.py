@@ -1,4 +1,4 @@
-"""Short reviews: titles as training one-liners (title_as_review), and the one-liner check set kept apart."""
+"""Short reviews: titles and extra_train_file as training one-liners, and the one-liner check set kept apart."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_titles_train_as_short_reviews_with_their_reviews_label():
     assert len(data.splits["train"]) == len(plain.splits["train"]) + len(titled)
     # Held-out splits are untouched: no title of theirs trains, none is added to them.
     for split in ("validation", "test"):
-        assert data.splits[split]["text"] == plain.splits[split]["text"]
+        assert list(data.splits[split]["text"]) == list(plain.splits[split]["text"])
     # Each title row carries its review's class ("Fell apart", 1 star: negative).
     added = dict(
         zip(
@@ -52,6 +52,25 @@ def test_titles_train_as_short_reviews_with_their_reviews_label():
     assert "title" not in data.splits["train"].column_names
 
 
+def test_extra_training_reviews_train_and_are_never_held_out():
+    plain = load_review_data(DataArguments(**QUICKSTART_DATA))
+    data = load_review_data(DataArguments(**QUICKSTART_DATA, extra_train_file=str(REVIEWS / "short.csv")))
+    short = _rows(REVIEWS / "short.csv")
+    assert data.report.extra_train_reviews == len(short) == 120
+    assert list(data.splits["train"]["text"]) == list(plain.splits["train"]["text"]) + [row["review"] for row in short]
+    stars = [int(row["stars"]) for row in short]
+    expected = ["negative" if s <= 2 else "neutral" if s == 3 else "positive" for s in stars]
+    assert [data.label_names[label] for label in list(data.splits["train"]["labels"])[-len(short) :]] == expected
+    for split in ("validation", "test"):
+        assert list(data.splits[split]["text"]) == list(plain.splits[split]["text"])
+    # Cross-validation draws its test fold from the train split before the extra reviews join it.
+    texts = {row["review"] for row in short}
+    for fold in range(5):
+        folds = dict(extra_train_file=str(REVIEWS / "short.csv"), cross_validation_folds=5, cross_validation_fold=fold)
+        held_out = load_review_data(DataArguments(**QUICKSTART_DATA, **folds)).splits["test"]["text"]
+        assert not texts & set(held_out)
+
+
 def test_title_as_review_needs_a_title_column():
     with pytest.raises(FinetuneError, match="title_as_review trains on each review's title, and no title_column"):
         DataArguments(**{**QUICKSTART_DATA, "title_column": None}, title_as_review=True)
@@ -62,7 +81,7 @@ def test_the_one_liner_check_set_is_kept_apart_from_the_training_data():
     check = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / "check.csv")}
     dev = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / "dev.csv")}
     seen = set(dev)
-    for split in ("train", "validation", "test"):
+    for split in ("train", "validation", "test", "short"):
         for row in _rows(REVIEWS / f"{split}.csv"):
             seen |= {row["review"].strip().lower(), row["title"].strip().lower()}
     assert len(check) == 40 and not check & seen

@@ -35,7 +35,15 @@ if TYPE_CHECKING:
 
 CHECK_RECIPE = "check-recipe.yaml"
 # The fields that say where a recipe's reviews are and how their columns become classes: the check replaces them.
-SOURCE_FIELDS = ("dataset_name", "dataset_config_name", "dataset_dir", "train_file", "validation_file", "test_file")
+SOURCE_FIELDS = (
+    "dataset_name",
+    "dataset_config_name",
+    "dataset_dir",
+    "train_file",
+    "validation_file",
+    "test_file",
+    "extra_train_file",
+)
 COLUMN_FIELDS = ("text_column", "title_column", "label_column", "class_names", "label_bins")
 FOLD_FIELDS = ("cross_validation_folds", "cross_validation_fold")
 # The size of the draw and its held-out shares: the check sets them from the recipe's own data; flags may override.
@@ -156,9 +164,9 @@ def check_recipe_values(
 
 
 def own_split_sizes(own_data: ReviewData) -> dict[str, int]:
-    """How many reviews a recipe's own run trains, validates and tests on (titles trained alone not counted)."""
+    """How many reviews a recipe's own run trains, validates and tests on (titles and extra_train_file not counted)."""
     rows = dict(own_data.report.rows)
-    rows["train"] = rows.get("train", 0) - own_data.report.title_reviews
+    rows["train"] = rows.get("train", 0) - own_data.report.title_reviews - own_data.report.extra_train_reviews
     if not rows.get("test"):
         raise FinetuneError(
             "the recipe's own data has no test split, so there is no share of test reviews to copy; "

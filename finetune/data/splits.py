@@ -54,6 +54,7 @@ class DataReport:
     max_length: int | None = None
     truncation_side: str | None = None
     title_reviews: int = 0  # training titles added as short reviews (title_as_review)
+    extra_train_reviews: int = 0  # training reviews read from extra_train_file
 
     def count_truncated(self, truncated: dict[str, int], encoding: ReviewEncoding) -> None:
         """Record how many reviews of each split were longer than ``max_length`` and how they were cut."""
@@ -74,6 +75,8 @@ class DataReport:
                 f"  {split}: read {count} rows, dropped {sum(dropped.values())}" + (f" ({detail})" if detail else "")
             )
         lines.append("  rows: " + ", ".join(f"{split} {count}" for split, count in self.rows.items()))
+        if self.extra_train_reviews:
+            lines.append(f"  train includes {self.extra_train_reviews} reviews from extra_train_file")
         if self.title_reviews:
             lines.append(f"  train also reads {self.title_reviews} review titles alone, as short reviews")
         if self.truncated_share:
@@ -126,6 +129,11 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
     if "validation" not in splits and data_args.validation_split_percentage:
         held_out = round(source_train_rows * data_args.validation_split_percentage / 100)
         splits = _hold_out(splits, "validation", held_out, label_names, seed)
+    if data_args.extra_train_file:
+        # After every held-out split is drawn: the extra reviews train and are never validated or tested on.
+        extra = _extra_training_reviews(Path(data_args.extra_train_file), data_args, label_names)
+        splits["train"] = datasets.concatenate_datasets([splits["train"], extra])
+        report.extra_train_reviews = len(extra)
     if data_args.title_as_review:
         # Last, so that only training reviews lend their titles: no held-out review's title trains.
         splits["train"], report.title_reviews = _with_titles_as_reviews(splits["train"])
@@ -448,6 +456,21 @@ def _boolean_labels(where: str, column: str) -> str:
         f"{where}: the labels in '{column}' are true/false, which are neither ratings nor class names; "
         "write them as class names (e.g. negative/positive) or class ids 0/1"
     )
+
+
+def _extra_training_reviews(path: Path, data_args: DataArguments, label_names: list[str]) -> datasets.Dataset:
+    """``extra_train_file``'s rows as ``{"text", "labels", "title"}``, read like the train split (bad rows dropped)."""
+    if not path.is_file():
+        raise FinetuneError(f"extra_train_file not found: {path}; check the path, or drop extra_train_file")
+    raw = read_files({"train": path})
+    table = raw.tables["train"]
+    if data_args.title_column and data_args.title_column not in table.column_names:
+        data_args = dataclasses.replace(data_args, title_column=None)  # reviews without titles
+    origin = f"extra_train_file {path}"
+    _check_columns(table, origin, data_args)
+    _refuse_nested_values(table, raw, "train", data_args)
+    rows, _ = _to_text_and_labels(table, raw, "train", data_args, label_names)
+    return rows
 
 
 def _with_titles_as_reviews(train: datasets.Dataset) -> tuple[datasets.Dataset, int]:

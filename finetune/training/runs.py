@@ -313,7 +313,7 @@ def data_fields_on_record(data: Any) -> dict[str, Any]:
     ``finetune evaluate`` may run from another folder than training did.
     """
     data_fields = asdict(data)
-    for key in ("dataset_dir", "train_file", "validation_file", "test_file"):
+    for key in ("dataset_dir", "train_file", "validation_file", "test_file", "extra_train_file"):
         if data_fields.get(key):
             data_fields[key] = str(Path(data_fields[key]).resolve())
     return data_fields

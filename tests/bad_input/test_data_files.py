@@ -34,6 +34,23 @@ def test_missing_label_column(tmp_path, tiny_model_dir, capsys):
     assert "has no column 'rating'" in message and "set label_column" in message
 
 
+def test_missing_extra_train_file(tmp_path, tiny_model_dir, capsys):
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    recipe = recipe_with(tmp_path, tiny_model_dir, extra_train_file=tmp_path / "short.csv")
+    message = run_cli(["train", recipe], capsys)
+    assert f"extra_train_file not found: {tmp_path / 'short.csv'}; check the path" in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_extra_train_file_without_the_label_column(tmp_path, tiny_model_dir, capsys):
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    write_csv(tmp_path / "short.csv", "review,rating\nlove it,5\n")
+    recipe = recipe_with(tmp_path, tiny_model_dir, extra_train_file=tmp_path / "short.csv")
+    message = run_cli(["train", recipe], capsys)
+    assert "short.csv" in message and "has no column 'stars'" in message and "set label_column" in message
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_file_with_an_unclosed_quote(tmp_path, tiny_model_dir, capsys):
     write_csv(tmp_path / "train.csv", GOOD_ROWS + '"a quote never closed,4\nfine,3\n')
     message = run_cli(["train", recipe_with(tmp_path, tiny_model_dir)], capsys)
