@@ -71,6 +71,15 @@ def test_extra_training_reviews_train_and_are_never_held_out():
         assert not texts & set(held_out)
 
 
+def test_bad_rows_of_the_extra_file_are_dropped_and_said(tmp_path, capsys):
+    extra = tmp_path / "short.csv"
+    extra.write_text("review,stars\nLove it,5\n   ,4\nrated zero,0\n", encoding="utf-8")
+    data = load_review_data(DataArguments(**QUICKSTART_DATA, extra_train_file=str(extra)))
+    assert data.report.extra_train_reviews == 1 and data.splits["train"]["text"][-1] == "Love it"
+    said = f"extra_train_file {extra}: dropped 2 rows (1 empty text, 1 label outside label_bins)"
+    assert said in capsys.readouterr().err
+
+
 def test_title_as_review_needs_a_title_column():
     with pytest.raises(FinetuneError, match="title_as_review trains on each review's title, and no title_column"):
         DataArguments(**{**QUICKSTART_DATA, "title_column": None}, title_as_review=True)

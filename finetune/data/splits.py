@@ -469,7 +469,10 @@ def _extra_training_reviews(path: Path, data_args: DataArguments, label_names: l
     origin = f"extra_train_file {path}"
     _check_columns(table, origin, data_args)
     _refuse_nested_values(table, raw, "train", data_args)
-    rows, _ = _to_text_and_labels(table, raw, "train", data_args, label_names)
+    rows, dropped = _to_text_and_labels(table, raw, "train", data_args, label_names)
+    if any(dropped.values()):
+        counts = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n)
+        print(f"{origin}: dropped {sum(dropped.values())} rows ({counts})", file=sys.stderr)
     return rows
 
 
