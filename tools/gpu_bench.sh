@@ -4,6 +4,9 @@
 #
 #   run(command="bash tools/gpu_bench.sh", carry=[".gpu_carry"], timeout_s=580)
 #   run(command="ONLY='MPNet bf16\$|16 x 1' BUDGET=200 bash tools/gpu_bench.sh", ...)   # some steps only
+# Still to measure after the 2026-11-26 calls (docs/benchmarks/speed.md#training-on-a-lent-h100-cuda), in one call:
+#   run(command="ONLY='MiniLM bf16\$|no checkpoints|MPNet fp16\$|fused|compile|tests' bash tools/gpu_bench.sh",
+#       carry=[".gpu_carry"], timeout_s=580)
 #
 # What comes back under $OUT: log.txt (everything printed) and results.tar.gz (each bench's JSON, the breakdown's
 # report/metrics.json, the CUDA test log). In order of priority:
@@ -93,6 +96,11 @@ step "train drugscom-mpnet bf16 micro-batch 16 x 1 (breakdown)" 120 $PY -m finet
   --model_name_or_path $MPNET --bf16 true --per_device_train_batch_size 16 --gradient_accumulation_steps 1 \
   --output_dir /tmp/run-mpnet-16 --disable_tqdm true
 cp /tmp/run-mpnet-16/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-bf16-16x1.json 2>/dev/null
+# And without a checkpoint each epoch (20.8 s of 47.3 s on the H100 at 16 x 1): the end-to-end time a seed can reach.
+step "train drugscom-mpnet bf16 micro-batch 16 x 1, no checkpoints (breakdown)" 100 $PY -m finetune train \
+  recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --bf16 true --per_device_train_batch_size 16 \
+  --gradient_accumulation_steps 1 --save_strategy no --output_dir /tmp/run-mpnet-16-nosave --disable_tqdm true
+cp /tmp/run-mpnet-16-nosave/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-bf16-16x1-nosave.json 2>/dev/null
 step "exactness, mixed-precision, host-sync and kill-and-resume tests on CUDA" 180 env FINETUNE_TEST_DEVICE=cuda \
   $PY -m pytest -q -p no:cacheprovider tests/test_exactness.py tests/test_mixed_precision.py tests/test_host_syncs.py \
   tests/test_schedule_and_logging.py "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 |
