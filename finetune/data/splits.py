@@ -162,17 +162,29 @@ def load_labelled_file(path: Path, data_args: DataArguments, label_names: list[s
 
     The title column is optional here: a file without it is scored on review bodies.
     """
-    raw = read_files({"test": path})
-    table = raw.tables["test"]
+    rows = _read_labelled_file(path, "test", str(path), data_args, label_names, scoring_a_run=True)
+    return rows.remove_columns("title")
+
+
+def _read_labelled_file(
+    path: Path, split: str, origin: str, data_args: DataArguments, label_names: list[str], scoring_a_run: bool = False
+) -> datasets.Dataset:
+    """One labelled file read as ``split``: ``{"text", "labels", "title"}`` rows, bad rows dropped and said.
+
+    A file without the title column is read as review bodies alone. ``origin``
+    names the file in errors and in the line saying what was dropped.
+    """
+    raw = read_files({split: path})
+    table = raw.tables[split]
     if data_args.title_column and data_args.title_column not in table.column_names:
         data_args = dataclasses.replace(data_args, title_column=None)
-    _check_columns(table, raw.origins["test"], data_args, scoring_a_run=True)
-    _refuse_nested_values(table, raw, "test", data_args)
-    rows, dropped = _to_text_and_labels(table, raw, "test", data_args, label_names)
+    _check_columns(table, origin, data_args, scoring_a_run=scoring_a_run)
+    _refuse_nested_values(table, raw, split, data_args)
+    rows, dropped = _to_text_and_labels(table, raw, split, data_args, label_names)
     if any(dropped.values()):
         counts = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n)
-        print(f"{path}: dropped {sum(dropped.values())} rows ({counts})", file=sys.stderr)
-    return rows.remove_columns("title")
+        print(f"{origin}: dropped {sum(dropped.values())} rows ({counts})", file=sys.stderr)
+    return rows
 
 
 def resolve_label_names(train: datasets.Dataset, origin: str, data_args: DataArguments) -> list[str]:
@@ -462,18 +474,7 @@ def _extra_training_reviews(path: Path, data_args: DataArguments, label_names: l
     """``extra_train_file``'s rows as ``{"text", "labels", "title"}``, read like the train split (bad rows dropped)."""
     if not path.is_file():
         raise FinetuneError(f"extra_train_file not found: {path}; check the path, or drop extra_train_file")
-    raw = read_files({"train": path})
-    table = raw.tables["train"]
-    if data_args.title_column and data_args.title_column not in table.column_names:
-        data_args = dataclasses.replace(data_args, title_column=None)  # reviews without titles
-    origin = f"extra_train_file {path}"
-    _check_columns(table, origin, data_args)
-    _refuse_nested_values(table, raw, "train", data_args)
-    rows, dropped = _to_text_and_labels(table, raw, "train", data_args, label_names)
-    if any(dropped.values()):
-        counts = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n)
-        print(f"{origin}: dropped {sum(dropped.values())} rows ({counts})", file=sys.stderr)
-    return rows
+    return _read_labelled_file(path, "train", f"extra_train_file {path}", data_args, label_names)
 
 
 def _with_titles_as_reviews(train: datasets.Dataset) -> tuple[datasets.Dataset, int]:
