@@ -85,14 +85,22 @@ def test_title_as_review_needs_a_title_column():
         DataArguments(**{**QUICKSTART_DATA, "title_column": None}, title_as_review=True)
 
 
-def test_the_one_liner_check_set_is_kept_apart_from_the_training_data():
+@pytest.mark.parametrize(("name", "size"), [("check", 40), ("holdout", 60)])
+def test_the_one_liner_check_sets_are_kept_apart_from_the_training_data(name: str, size: int):
     """No check review is a review or title of the project's data, nor of the dev set used to choose settings."""
-    check = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / "check.csv")}
+    check = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / f"{name}.csv")}
     dev = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / "dev.csv")}
     seen = set(dev)
     for split in ("train", "validation", "test", "short"):
         for row in _rows(REVIEWS / f"{split}.csv"):
             seen |= {row["review"].strip().lower(), row["title"].strip().lower()}
-    assert len(check) == 40 and not check & seen
-    labels = [row["label"] for row in _rows(PROJECT / "data" / "one_liners" / "check.csv")]
-    assert labels.count("positive") == labels.count("negative") == 20
+    assert len(check) == size and not check & seen
+    labels = [row["label"] for row in _rows(PROJECT / "data" / "one_liners" / f"{name}.csv")]
+    assert labels.count("positive") == labels.count("negative") == size // 2
+
+
+def test_the_holdout_one_liners_share_nothing_with_the_first_check_set():
+    """holdout.csv checks a model after check.csv had been read three times, so it must be new reviews."""
+    holdout = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / "holdout.csv")}
+    check = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / "check.csv")}
+    assert not holdout & check
