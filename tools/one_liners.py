@@ -1,6 +1,6 @@
 """Score a model folder on one-line reviews of plain polarity (data/one_liners/).
 
-    python tools/one_liners.py RUN [--set dev|check|holdout]
+    python tools/one_liners.py RUN [--set check|holdout]   # dev unless said
 
 Prints how many of the set's reviews get their label (negative or positive),
 the wrong ones with their probability, and the most confident wrong label.
@@ -24,7 +24,12 @@ SETS = Path(__file__).resolve().parent.parent / "data" / "one_liners"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", help="a model folder (a run, a checkpoint or an int8 export)")
-    parser.add_argument("--set", default="check", choices=["dev", "check", "holdout"], help="which set of one-liners")
+    parser.add_argument(
+        "--set",
+        default="dev",
+        choices=["dev", "check", "holdout"],
+        help="which set (dev unless said: check sets only on purpose)",
+    )
     options = parser.parse_args()
     rows = list(csv.DictReader((SETS / f"{options.set}.csv").open(encoding="utf-8")))
     model, tokenizer = load_inference_model(Path(options.run))
