@@ -85,7 +85,7 @@ def test_title_as_review_needs_a_title_column():
         DataArguments(**{**QUICKSTART_DATA, "title_column": None}, title_as_review=True)
 
 
-@pytest.mark.parametrize(("name", "size"), [("check", 40), ("holdout", 60)])
+@pytest.mark.parametrize(("name", "size"), [("check", 40), ("holdout", 60), ("holdout2", 52)])
 def test_the_one_liner_check_sets_are_kept_apart_from_the_training_data(name: str, size: int):
     """No check review is a review or title of the project's data, nor of the dev set used to choose settings."""
     check = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / f"{name}.csv")}
@@ -99,8 +99,10 @@ def test_the_one_liner_check_sets_are_kept_apart_from_the_training_data(name: st
     assert labels.count("positive") == labels.count("negative") == size // 2
 
 
-def test_the_holdout_one_liners_share_nothing_with_the_first_check_set():
-    """holdout.csv checks a model after check.csv had been read three times, so it must be new reviews."""
-    holdout = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / "holdout.csv")}
-    check = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / "check.csv")}
-    assert not holdout & check
+@pytest.mark.parametrize(("name", "earlier"), [("holdout", ["check"]), ("holdout2", ["check", "holdout"])])
+def test_each_holdout_shares_nothing_with_the_sets_read_before_it(name: str, earlier: list[str]):
+    """A holdout checks a model after the sets before it were read, so it must be new reviews."""
+    holdout = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / f"{name}.csv")}
+    for before in earlier:
+        check = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / f"{before}.csv")}
+        assert not holdout & check
