@@ -82,8 +82,9 @@ def _distill(options: argparse.Namespace, extra: list[str]) -> None:
 
         print("usage: finetune distill TEACHER_RUN RECIPE [--seeds N] [--field value ...]\n")
         print("  TEACHER_RUN  a run folder made by 'finetune train' (e.g. an MPNet run); it labels the recipe's")
-        print("               training reviews (and unlabeled_file's) once, cached; the recipe's model learns")
-        print("               from those probabilities (distill_alpha, distill_temperature) and the labels")
+        print("               training reviews (and unlabeled_file's, and with unlabeled_sentences their")
+        print("               sentences) once, cached; the recipe's model learns from those probabilities")
+        print("               (distill_alpha, distill_temperature) and the labels")
         print("  --seeds N    one student per seed (seed, seed+1, ...) into OUTPUT_DIR/seed-<seed>, as train --seeds\n")
         build_parser().print_help()
         return

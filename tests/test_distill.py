@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import subprocess
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import tiny_recipe
+from helpers import PROJECT, tiny_recipe
 
 from finetune.cli import main
 
@@ -154,10 +155,65 @@ def test_an_unlabeled_file_without_the_text_column_is_refused(tmp_path, tiny_mod
     assert not (tmp_path / "out").exists()
 
 
+def _reads(split: str) -> list[str]:
+    """The texts the model reads for data/reviews/<split>.csv: 'Title. Review', read here with the csv module."""
+    with (PROJECT / "data" / "reviews" / f"{split}.csv").open(encoding="utf-8", newline="") as handle:
+        rows = [(row["title"].strip(), row["review"].strip()) for row in csv.DictReader(handle)]
+    return [f"{title}. {review}" if title else review for title, review in rows]
+
+
+def test_unlabeled_sentences_come_from_the_train_split_only(tmp_path, tiny_model_dir, teacher_run, monkeypatch):
+    from finetune.commands.distill import TeacherRun
+
+    labelled: list[list[str]] = []
+    compute = TeacherRun._compute
+
+    def spy(self, texts, batch_size, encoding):
+        labelled.append(list(texts))
+        return compute(self, texts, batch_size, encoding)
+
+    monkeypatch.setattr(TeacherRun, "_compute", spy)
+    monkeypatch.setenv("FINETUNE_CACHE", str(tmp_path / "cache"))  # computed here, not read from another test's
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "run", unlabeled_sentences="true", **QUICK)
+    assert main(["distill", str(teacher_run), str(recipe), "--max_steps", "1"]) == 0
+
+    count = json.loads((tmp_path / "run" / "finetune_run.json").read_text())["distillation"]["unlabeled_sentences"]
+    train, held_out = _reads("train"), _reads("validation") + _reads("test")
+    (texts,) = labelled
+    reviews, sentences = texts[: len(texts) - count], texts[len(texts) - count :]
+    assert sorted(reviews) == sorted(train)
+    assert count > len(train)  # most reviews here have several sentences
+    assert len(set(sentences)) == count
+    for sentence in sentences:
+        assert len(sentence.split()) >= 4 and sentence not in train
+        assert any(sentence in review for review in train), sentence
+    # A held-out sentence that no training review shares would be a leak.
+    held_out_only = {s for s in sentences if any(s in review for review in held_out)} - {
+        s for s in sentences if any(s in review for review in train)
+    }
+    assert not held_out_only
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert f"It also labelled {count} sentences of the training reviews" in card
+
+
+def test_review_sentences_keep_abbreviations_and_drop_short_pieces():
+    from finetune.data.sentences import review_sentences
+
+    review = "I took 50mg. of it for 3 weeks. Dr. Smith said it was fine! Gone. But e.g. my sleep got worse..."
+    assert review_sentences([review, "One sentence is the whole review.", review]) == [
+        "I took 50mg. of it for 3 weeks.",
+        "Dr. Smith said it was fine!",
+        "But e.g. my sleep got worse...",
+    ]
+
+
 def test_train_refuses_distillation_settings(tmp_path, tiny_model_dir, capsys):
     recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "out", **QUICK)
     err = _refused(["train", str(recipe), "--distill_alpha", "0.3"], capsys)
     assert "distill_alpha is for 'finetune distill TEACHER_RUN RECIPE'" in err
+    assert not (tmp_path / "out").exists()
+    err = _refused(["train", str(recipe), "--unlabeled_sentences", "true"], capsys)
+    assert "unlabeled_sentences is for 'finetune distill TEACHER_RUN RECIPE'" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -81,7 +81,9 @@ class TeacherRun:
         if run.data.class_names:
             self.check_classes(run.data.class_names, "the recipe")
         texts = read_unlabeled_reviews(run.data) if run.data.unlabeled_file else []
-        distillation = Distillation(self, run.data.unlabeled_file, texts, _soft_label_cache())
+        distillation = Distillation(
+            self, run.data.unlabeled_file, texts, _soft_label_cache(), sentences=run.data.unlabeled_sentences
+        )
         metrics = train(recipe, overrides, distillation=distillation)
         _print_comparison(self, metrics)
         return metrics
@@ -153,7 +155,9 @@ class Distillation:
     unlabeled_file: str | None = None
     unlabeled_texts: list[str] = field(default_factory=list)
     cache_dir: Path | None = None
+    sentences: bool = False  # also the training reviews' sentences (unlabeled_sentences)
     notes: list[str] = field(default_factory=list)
+    sentence_count: int = 0
 
     def attach(self, data: Any, encoded_train: Any, tokenizer: Any, encoding: Any, batch_size: int) -> Any:
         """The student's training set: the train split and the unlabelled reviews, each with the teacher's view."""
@@ -164,6 +168,17 @@ class Distillation:
 
         self.teacher.check_classes(data.label_names, "the recipe's data")
         train_texts = list(data.splits["train"]["text"])
+        if self.sentences:
+            from ..data.sentences import MIN_SENTENCE_WORDS, review_sentences
+
+            # Only the train split is split: a validation or test sentence here would leak into training.
+            sentences = review_sentences(train_texts)
+            self.sentence_count = len(sentences)
+            self.unlabeled_texts = self.unlabeled_texts + sentences
+            self.notes.append(
+                f"unlabeled_sentences: {len(sentences)} sentences of at least {MIN_SENTENCE_WORDS} words from "
+                f"the {len(train_texts)} training reviews, labelled by the teacher"
+            )
         soft, note = self.teacher.soft_labels(train_texts + self.unlabeled_texts, batch_size, self.cache_dir)
         self.notes.append(note)
         train = encoded_train.add_column(TEACHER_COLUMN, soft[: len(train_texts)].tolist())
@@ -188,7 +203,8 @@ class Distillation:
                 "alpha": alpha,
                 "temperature": temperature,
                 "unlabeled_file": str(Path(self.unlabeled_file).resolve()) if self.unlabeled_file else None,
-                "unlabeled_reviews": len(self.unlabeled_texts),
+                "unlabeled_reviews": len(self.unlabeled_texts) - self.sentence_count,
+                "unlabeled_sentences": self.sentence_count,
             }
         }
 
@@ -242,7 +258,8 @@ def check_not_distilling(run: Any, overrides: list[str] | None) -> None:
     from ..config.recipes import flag_names
 
     given = set(run.values) | flag_names(overrides or [])
-    named = [name for name in ("unlabeled_file", "distill_alpha", "distill_temperature") if name in given]
+    options = ("unlabeled_file", "unlabeled_sentences", "distill_alpha", "distill_temperature")
+    named = [name for name in options if name in given]
     if named:
         raise FinetuneError(
             f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} for 'finetune distill TEACHER_RUN RECIPE'; "

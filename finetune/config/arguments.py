@@ -216,6 +216,16 @@ class DataArguments:
             )
         },
     )
+    unlabeled_sentences: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "finetune distill only: also split each training review into sentences and add those of at "
+                "least 4 words, labelled by the teacher, as unlabelled reviews (the train split only: "
+                "validation and test are never read)."
+            )
+        },
+    )
 
     def __post_init__(self) -> None:
         for option, holding, example in (("text_column", "texts", "review"), ("title_column", "titles", "title")):

@@ -283,6 +283,11 @@ def _distillation(run: dict[str, Any], test: dict[str, Any] | None) -> list[str]
             f"The teacher also labelled {distilled['unlabeled_reviews']} unlabelled reviews from "
             f"`{distilled['unlabeled_file']}`, which trained the student on its labels alone."
         )
+    if distilled.get("unlabeled_sentences"):
+        lines.append(
+            f"It also labelled {distilled['unlabeled_sentences']} sentences of the training reviews "
+            "(`unlabeled_sentences`), each on its own, which trained the student on its labels alone."
+        )
     lines += ["", "| model | test accuracy | test macro-F1 |", "| --- | --- | --- |"]
     teacher_test = distilled.get("teacher_test")
     if teacher_test:
