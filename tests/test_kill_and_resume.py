@@ -1,6 +1,6 @@
 """Opt-in, slow: kill a real recipe's run at random moments, resume it each time, compare with an uninterrupted run.
 
-    FINETUNE_KILL_AND_RESUME=recipes/quickstart.yaml python -m pytest -s tests/test_kill_and_resume.py
+    FINETUNE_KILL_AND_RESUME=recipes/quickstart.yaml python -m pytest -n 0 -s tests/test_kill_and_resume.py
 
 Skipped unless ``FINETUNE_KILL_AND_RESUME`` names a recipe (it trains that
 recipe twice, about 10 kills long; ``tests/test_resume.py`` does the same to a
