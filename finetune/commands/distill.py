@@ -157,7 +157,7 @@ class Distillation:
     cache_dir: Path | None = None
     sentences: bool = False  # also the training reviews' sentences (unlabeled_sentences)
     notes: list[str] = field(default_factory=list)
-    sentence_count: int = 0
+    sentence_count: int = 0  # how many sentences the last attach added
 
     def attach(self, data: Any, encoded_train: Any, tokenizer: Any, encoding: Any, batch_size: int) -> Any:
         """The student's training set: the train split and the unlabelled reviews, each with the teacher's view."""
@@ -168,25 +168,24 @@ class Distillation:
 
         self.teacher.check_classes(data.label_names, "the recipe's data")
         train_texts = list(data.splits["train"]["text"])
+        unlabeled_texts = list(self.unlabeled_texts)
         if self.sentences:
             from ..data.sentences import MIN_SENTENCE_WORDS, review_sentences
 
             # Only the train split is split: a validation or test sentence here would leak into training.
             sentences = review_sentences(train_texts)
             self.sentence_count = len(sentences)
-            self.unlabeled_texts = self.unlabeled_texts + sentences
+            unlabeled_texts += sentences
             self.notes.append(
                 f"unlabeled_sentences: {len(sentences)} sentences of at least {MIN_SENTENCE_WORDS} words from "
                 f"the {len(train_texts)} training reviews, labelled by the teacher"
             )
-        soft, note = self.teacher.soft_labels(train_texts + self.unlabeled_texts, batch_size, self.cache_dir)
+        soft, note = self.teacher.soft_labels(train_texts + unlabeled_texts, batch_size, self.cache_dir)
         self.notes.append(note)
         train = encoded_train.add_column(TEACHER_COLUMN, soft[: len(train_texts)].tolist())
-        if not self.unlabeled_texts:
+        if not unlabeled_texts:
             return train
-        unlabeled = datasets.Dataset.from_dict(
-            {"text": self.unlabeled_texts, "labels": [NO_LABEL] * len(self.unlabeled_texts)}
-        )
+        unlabeled = datasets.Dataset.from_dict({"text": unlabeled_texts, "labels": [NO_LABEL] * len(unlabeled_texts)})
         encoded, _ = tokenize_splits(datasets.DatasetDict({"train": unlabeled}), tokenizer, encoding)
         unlabeled = encoded["train"].add_column(TEACHER_COLUMN, soft[len(train_texts) :].tolist())
         unlabeled = unlabeled.select_columns(train.column_names).cast(train.features)
@@ -203,7 +202,7 @@ class Distillation:
                 "alpha": alpha,
                 "temperature": temperature,
                 "unlabeled_file": str(Path(self.unlabeled_file).resolve()) if self.unlabeled_file else None,
-                "unlabeled_reviews": len(self.unlabeled_texts) - self.sentence_count,
+                "unlabeled_reviews": len(self.unlabeled_texts),
                 "unlabeled_sentences": self.sentence_count,
             }
         }
