@@ -200,7 +200,8 @@ def test_review_sentences_keep_abbreviations_and_drop_short_pieces():
     from finetune.data.sentences import review_sentences
 
     review = "I took 50mg. of it for 3 weeks. Dr. Smith said it was fine! Gone. But e.g. my sleep got worse..."
-    assert review_sentences([review, "One sentence is the whole review.", review]) == [
+    other = "It broke after two days of use."  # a sentence of the next review, and a review of its own
+    assert review_sentences([review, "One sentence is the whole review.", review, f"Sad. {other}", other]) == [
         "I took 50mg. of it for 3 weeks.",
         "Dr. Smith said it was fine!",
         "But e.g. my sleep got worse...",

@@ -10,29 +10,28 @@ does not.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 # Shorter pieces ("Gone.", "Five stars.") carry little the whole review does not.
 MIN_SENTENCE_WORDS = 4
 
 
-def review_sentences(reviews: Iterable[str], min_words: int = MIN_SENTENCE_WORDS) -> list[str]:
+def review_sentences(reviews: Sequence[str], min_words: int = MIN_SENTENCE_WORDS) -> list[str]:
     """The sentences of at least ``min_words`` words of each review, in order, as written in the review.
 
-    A sentence that is its whole review is left out: the review itself is
-    already a training example. Repeats are kept once.
+    A sentence that is a whole review (its own or another's) is left out: the
+    review itself is already a training example. Repeats are kept once.
     """
     from syntok import segmenter
 
-    seen: set[str] = set()
+    seen = {review.strip() for review in reviews}
     sentences: list[str] = []
     for review in reviews:
-        whole = review.strip()
         for paragraph in segmenter.analyze(review):
             for sentence in paragraph:
                 start, last = sentence[0], sentence[-1]
                 text = review[start.offset : last.offset + len(last.value)].strip()
-                if len(text.split()) < min_words or text == whole or text in seen:
+                if len(text.split()) < min_words or text in seen:
                     continue
                 seen.add(text)
                 sentences.append(text)
