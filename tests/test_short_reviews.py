@@ -85,7 +85,7 @@ def test_title_as_review_needs_a_title_column():
         DataArguments(**{**QUICKSTART_DATA, "title_column": None}, title_as_review=True)
 
 
-@pytest.mark.parametrize(("name", "size"), [("check", 40), ("holdout", 60), ("holdout2", 52)])
+@pytest.mark.parametrize(("name", "size"), [("check", 40), ("holdout", 60), ("holdout2", 52), ("holdout3", 52)])
 def test_the_one_liner_check_sets_are_kept_apart_from_the_training_data(name: str, size: int):
     """No check review is a review or title of the project's data, nor of the dev set used to choose settings."""
     check = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / f"{name}.csv")}
@@ -99,7 +99,14 @@ def test_the_one_liner_check_sets_are_kept_apart_from_the_training_data(name: st
     assert labels.count("positive") == labels.count("negative") == size // 2
 
 
-@pytest.mark.parametrize(("name", "earlier"), [("holdout", ["check"]), ("holdout2", ["check", "holdout"])])
+@pytest.mark.parametrize(
+    ("name", "earlier"),
+    [
+        ("holdout", ["check"]),
+        ("holdout2", ["check", "holdout"]),
+        ("holdout3", ["check", "holdout", "holdout2"]),
+    ],
+)
 def test_each_holdout_shares_nothing_with_the_sets_read_before_it(name: str, earlier: list[str]):
     """A holdout checks a model after the sets before it were read, so it must be new reviews."""
     holdout = {row["review"].strip().lower() for row in _rows(PROJECT / "data" / "one_liners" / f"{name}.csv")}
