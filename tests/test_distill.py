@@ -208,6 +208,16 @@ def test_review_sentences_keep_abbreviations_and_drop_short_pieces():
     ]
 
 
+def test_the_docs_give_the_sentence_minimum_the_code_uses():
+    """docs/distill.md writes the minimum out in words' count; a change of the constant must change it too."""
+    import re
+
+    from finetune.data.sentences import MIN_SENTENCE_WORDS
+
+    said = re.findall(r"sentences? of at least (\d+) words", (PROJECT / "docs" / "distill.md").read_text())
+    assert said and set(said) == {str(MIN_SENTENCE_WORDS)}, said
+
+
 def test_train_refuses_distillation_settings(tmp_path, tiny_model_dir, capsys):
     recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "out", **QUICK)
     err = _refused(["train", str(recipe), "--distill_alpha", "0.3"], capsys)
