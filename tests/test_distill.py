@@ -208,14 +208,19 @@ def test_review_sentences_keep_abbreviations_and_drop_short_pieces():
     ]
 
 
-def test_the_docs_give_the_sentence_minimum_the_code_uses():
-    """docs/distill.md writes the minimum out in words' count; a change of the constant must change it too."""
+def test_the_help_and_the_docs_give_the_sentence_minimum_the_code_uses():
+    """The minimum is written out in the field's help (config sits below data, so it cannot import the constant)
+    and in docs/distill.md; a change of the constant must change both."""
+    import dataclasses
     import re
 
+    from finetune.config.arguments import DataArguments
     from finetune.data.sentences import MIN_SENTENCE_WORDS
 
-    said = re.findall(r"sentences? of at least (\d+) words", (PROJECT / "docs" / "distill.md").read_text())
-    assert said and set(said) == {str(MIN_SENTENCE_WORDS)}, said
+    (field,) = [field for field in dataclasses.fields(DataArguments) if field.name == "unlabeled_sentences"]
+    texts = [field.metadata["help"], (PROJECT / "docs" / "distill.md").read_text()]
+    said = [number for text in texts for number in re.findall(r"\bof at\s+least (\d+) words", text)]
+    assert len(said) >= 3 and set(said) == {str(MIN_SENTENCE_WORDS)}, said
 
 
 def test_train_refuses_distillation_settings(tmp_path, tiny_model_dir, capsys):

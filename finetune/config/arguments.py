@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 from transformers import TrainingArguments
 
-from ..data.sentences import MIN_SENTENCE_WORDS
 from ..errors import FinetuneError
 from .launch import check_launch_agrees, cpu_for_launch
 
@@ -222,8 +221,8 @@ class DataArguments:
         metadata={
             "help": (
                 "finetune distill only: also split each training review into sentences and add those of at "
-                f"least {MIN_SENTENCE_WORDS} words, labelled by the teacher, as unlabelled reviews (the train split "
-                "only: validation and test are never read)."
+                "least 4 words, labelled by the teacher, as unlabelled reviews (the train split only: "
+                "validation and test are never read)."
             )
         },
     )
