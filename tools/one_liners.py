@@ -1,6 +1,6 @@
 """Score a model folder on one-line reviews of plain polarity (data/one_liners/).
 
-    python tools/one_liners.py RUN [--set check|holdout|holdout2|holdout3]   # dev unless said
+    python tools/one_liners.py RUN [--set check|holdout|holdout2|holdout3|...]   # dev unless said
 
 Prints how many of the set's reviews get their label (negative or positive),
 the wrong ones with their probability, and the most confident wrong label.
@@ -27,7 +27,8 @@ def main() -> None:
     parser.add_argument(
         "--set",
         default="dev",
-        choices=["dev", "check", "holdout", "holdout2", "holdout3"],
+        # Every set in the folder: a new holdout needs its CSV there, not an edit here.
+        choices=sorted(path.stem for path in SETS.glob("*.csv")),
         help="which set (dev unless said: check sets only on purpose)",
     )
     options = parser.parse_args()
