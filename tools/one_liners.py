@@ -3,7 +3,9 @@
     python tools/one_liners.py RUN [--set check|holdout|holdout2|holdout3|...]   # dev unless said
 
 Prints how many of the set's reviews get their label (negative or positive),
-the wrong ones with their probability, and the most confident wrong label.
+the wrong ones with their probability, the most confident wrong label, and
+how sure the model is when right (the median probability of the right labels:
+a model that is unsure of everything would have no confident mistakes either).
 dev.csv is for choosing the quickstart's short-review settings; check.csv
 and the holdouts are never read by training or tuning, only here,
 to check a shipped model (each holdout was written later, by someone who saw
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 from pathlib import Path
 
 from finetune.evaluation.inference import load_inference_model, predict_probabilities
@@ -36,16 +39,19 @@ def main() -> None:
     model, tokenizer = load_inference_model(Path(options.run))
     probabilities = predict_probabilities(model, tokenizer, [row["review"] for row in rows])
     id2label = model.config.id2label
-    right, worst_wrong = 0, 0.0
+    right, worst_wrong, right_confidences = 0, 0.0, []
     for row, probs in zip(rows, probabilities):
         predicted = id2label[int(probs.argmax())]
         if predicted == row["label"]:
             right += 1
+            right_confidences.append(float(probs.max()))
         else:
             worst_wrong = max(worst_wrong, float(probs.max()))
             print(f"  wrong: {row['review']!r} -> {predicted} {probs.max():.2f} (is {row['label']})")
     share = right / len(rows)
     print(f"{options.set}: {right}/{len(rows)} right ({share:.1%}); most confident wrong label {worst_wrong:.2f}")
+    if right_confidences:
+        print(f"  when right: median probability {statistics.median(right_confidences):.2f}")
 
 
 if __name__ == "__main__":
