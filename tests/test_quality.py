@@ -156,6 +156,35 @@ def test_head_learning_rate_alone(fresh_tiny_model, tokenizer, tmp_path):
     assert rates == {3: pytest.approx(1e-2), 2: pytest.approx(1e-4), 1: pytest.approx(1e-4), 0: pytest.approx(1e-4)}
 
 
+def test_with_a_head_rate_the_logs_show_the_encoders_rate_as_scheduled(fresh_tiny_model, tokenizer, tmp_path):
+    from transformers import TrainerCallback
+
+    logged, used = [], []  # the logged rate; the top encoder layer's rate in the optimizer as each update steps
+
+    class Rates(TrainerCallback):
+        def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+            used.append(next(group["lr"] for group in optimizer.param_groups if group["depth"] == 2))
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if "learning_rate" in logs:
+                logged.append(logs["learning_rate"])
+
+    trainer = _trainer(
+        fresh_tiny_model,
+        tokenizer,
+        tmp_path,
+        learning_rate=1e-4,
+        head_learning_rate=1e-2,
+        num_train_epochs=2,
+        logging_strategy="steps",
+        logging_steps=1,
+    )
+    trainer.add_callback(Rates())
+    trainer.train()
+    assert len(used) == 6 and len(set(used)) == 6  # 3 updates an epoch, a decaying rate
+    assert logged == pytest.approx(used) and max(used) <= 1e-4
+
+
 def test_head_warm_up_leaves_the_encoder_untouched_then_trains_it(fresh_tiny_model, tokenizer, tmp_path):
     from transformers import TrainerCallback
 

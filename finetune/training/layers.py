@@ -88,7 +88,8 @@ def layerwise_parameter_groups(
     """Optimizer parameter groups, one per (depth, weight decay), head first.
 
     The head's group comes first because Trainer logs the first group's
-    learning rate: the one the recipe set.
+    learning rate: the one the recipe set (with a ``head_learning_rate``,
+    ``ReviewTrainer._get_learning_rate`` scales it back to ``learning_rate``'s).
     """
     depths = model_depths(model)
     top = max(depths.values())

@@ -188,6 +188,23 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
         return self.optimizer
 
+    def _get_learning_rate(self) -> float:
+        """The scheduled rate of ``learning_rate``: what the bar, the logs and ``report/lr.png`` show.
+
+        Trainer reads the first parameter group, which is the head's (see
+        ``layerwise_parameter_groups``). With a ``head_learning_rate`` of its own
+        the head runs at another rate, and the schedule scales every group by the
+        same factor, so the head's rate times learning_rate / head_learning_rate
+        is the recipe's ``learning_rate`` as scheduled.
+        """
+        rate = super()._get_learning_rate()
+        head_learning_rate = getattr(self.args, "head_learning_rate", None)
+        groups = self.optimizer.param_groups if self.optimizer is not None else []
+        # Only our groups carry a depth; a head rate of 0 (a frozen head) leaves nothing to scale from.
+        if head_learning_rate and groups and "depth" in groups[0]:
+            return rate * self.args.learning_rate / head_learning_rate
+        return rate
+
     # ------------------------------------------------------------------ setup
 
     def _inner_training_loop(
