@@ -4,7 +4,8 @@ The commands in the pages' code blocks (docs/ and its folders, and the recipes
 reference the site generates) are collected and checked against the real CLI:
 the subcommand exists, every flag is an option of it or a recipe field (so
 renaming a documented flag fails here), and every recipe file named exists.
-The generated reference lists every field with its help.
+The generated reference lists every field with its help. Every table row sits
+in its table (``markdown_tables.py``), named by file and line.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from markdown_tables import read_tables
 
 from finetune.cli import build_cli
 from finetune.config.arguments import DataArguments, FinetuneTrainingArguments, ModelArguments
@@ -110,6 +112,12 @@ def test_every_recipe_a_page_names_exists():
     for page, text in PAGES:
         for name in set(re.findall(r"recipes/[\w.-]+\.yaml", text)):
             assert (PROJECT / name).is_file(), f"{page} names {name}, which does not exist"
+
+
+def test_every_table_row_is_in_its_table():
+    # Rows appended after a blank line render as a paragraph of pipes; the built site is checked too (test_docs_site).
+    problems = [problem for name, text in PAGES for problem in read_tables(name, text)[1]]
+    assert not problems, "\n".join(problems)
 
 
 def test_the_pages_under_docs_folders_are_read():

@@ -1,25 +1,34 @@
-"""The built documentation site: the generated pages are in it, and its home page renders in a browser.
+"""The built documentation site: the generated pages are in it, its HTML holds together, and it renders in a browser.
 
 Builds the site once (``mkdocs build --strict``, as .ci/run does), then checks
 that the recipes reference the hook generates and the API page mkdocstrings
-writes are there, and takes a headless Chromium screenshot of the home page:
-Material's header drawn in its colour, and the navigation holding every
-section of mkdocs.yml. Skipped, with the reason, where the docs extra or a
-Chromium is not installed (.ci/run installs both).
+writes are there; reads every page's HTML: no table row leaks out as a
+paragraph of pipes (a strict build lets that pass), every page whose Markdown
+has tables has as many ``<table>``s, every image and internal link (anchor
+included) resolves; and takes headless Chromium screenshots: the home page
+with Material's header drawn in its colour and the navigation holding every
+section of mkdocs.yml, and the home page and the two benchmarks pages whose
+tables once leaked, saved in the test's folder with their paths printed.
+Skipped, with the reason, where the docs extra, playwright or a Chromium is
+not installed (.ci/run installs them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
+from markdown_tables import read_tables
 
 from finetune.config.arguments import DataArguments, FinetuneTrainingArguments, ModelArguments
 
@@ -40,6 +49,123 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = subprocess.run(command, cwd=PROJECT, env=environment, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     return folder
+
+
+@dataclasses.dataclass
+class RenderedPage:
+    """What the checks read from one HTML page: its ids, links, images, paragraphs and tables."""
+
+    ids: set[str] = dataclasses.field(default_factory=set)
+    links: list[str] = dataclasses.field(default_factory=list)  # the href of every <a> and the src of every <img>
+    paragraphs: list[str] = dataclasses.field(default_factory=list)  # the text of every <p>
+    tables: int = 0
+
+
+class _PageReader(HTMLParser):
+    """Fills a RenderedPage from a page's HTML."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.page = RenderedPage()
+        self._paragraph: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if attributes.get("id"):
+            self.page.ids.add(attributes["id"])
+        if tag == "a" and attributes.get("href") is not None:
+            self.page.links.append(attributes["href"])
+        elif tag == "img" and attributes.get("src"):
+            self.page.links.append(attributes["src"])
+        elif tag == "p":
+            self._paragraph = []
+        elif tag == "table":
+            self.page.tables += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "p" and self._paragraph is not None:
+            self.page.paragraphs.append("".join(self._paragraph))
+            self._paragraph = None
+
+    def handle_data(self, data: str) -> None:
+        if self._paragraph is not None:
+            self._paragraph.append(data)
+
+
+@pytest.fixture(scope="module")
+def rendered(site: Path) -> dict[Path, RenderedPage]:
+    """Every HTML page of the site, read once, by its path."""
+    pages = {}
+    for path in sorted(site.rglob("*.html")):
+        reader = _PageReader()
+        reader.feed(path.read_text(encoding="utf-8"))
+        pages[path] = reader.page
+    return pages
+
+
+def test_no_table_row_leaks_as_text(site, rendered):
+    leaks = [
+        f"{path.relative_to(site)}: {' '.join(text.split())[:120]}"
+        for path, page in rendered.items()
+        for text in page.paragraphs
+        if text.lstrip().startswith("|")
+    ]
+    assert not leaks, "table rows rendered as a paragraph (a blank line inside a table?):\n" + "\n".join(leaks)
+
+
+def markdown_pages() -> list[tuple[str, str]]:
+    """``(path under docs/, Markdown)`` of every page the site is built from, the generated reference included."""
+    pages = [
+        (str(path.relative_to(PROJECT / "docs")), path.read_text(encoding="utf-8"))
+        for path in sorted((PROJECT / "docs").rglob("*.md"))
+    ]
+    spec = importlib.util.spec_from_file_location("recipes_reference", PROJECT / "tools" / "recipes_reference.py")
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    return [*pages, (reference.PAGE, reference.render())]
+
+
+def html_of(site: Path, page: str) -> Path:
+    """Where MkDocs (directory URLs) writes the page ``page`` (a path under docs/)."""
+    stem = page.removesuffix(".md")
+    if stem == "index" or stem.endswith("/index"):
+        return site / f"{stem}.html"
+    return site / stem / "index.html"
+
+
+def test_every_table_of_the_markdown_is_a_table_in_the_html(site, rendered):
+    missing = []
+    for page, text in markdown_pages():
+        tables = len(read_tables(page, text)[0])
+        built = rendered[html_of(site, page)].tables
+        if tables and built != tables:
+            missing.append(f"{page}: {tables} tables in the Markdown, {built} <table> in the HTML")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_image_and_internal_link_resolves(site, rendered):
+    broken = []
+    for path, page in rendered.items():
+        for link in page.links:
+            parts = urlsplit(link)
+            if parts.scheme or parts.netloc:
+                continue  # an outside address: not this site's to check
+            if not parts.path:
+                target = path  # "#anchor" on the same page
+            elif parts.path.startswith("/"):
+                target = site / unquote(parts.path).lstrip("/")  # 404.html links from the site's root
+            else:
+                target = path.parent / unquote(parts.path)
+            if target.is_dir():
+                target = target / "index.html"
+            target = target.resolve()
+            where = f"{path.relative_to(site)}: {link}"
+            if not target.is_file():
+                broken.append(f"{where} (no {target.relative_to(site.resolve())})")
+            elif parts.fragment and target.suffix == ".html" and parts.fragment not in rendered[target].ids:
+                broken.append(f"{where} (no id {parts.fragment!r} there)")
+    assert len(rendered) > 20
+    assert not broken, "\n".join(broken)
 
 
 def test_the_built_reference_lists_every_field(site):
