@@ -167,3 +167,35 @@ def test_a_recipe_header_links_to_a_heading_that_exists(recipe):
     for page, anchor in links:
         assert (PROJECT / page).is_file(), f"{recipe.name} links to {page}, which does not exist"
         assert anchor in heading_slugs(PROJECT / page), f"{recipe.name} links to {page}#{anchor}: no such heading"
+
+
+def first_code_block(text: str) -> list[str]:
+    """The lines of a page's first fenced code block."""
+    block = re.search(r"^```[^\n]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+    return block.group(1).splitlines() if block else []
+
+
+def test_the_home_page_shows_the_readme_set_up_commands():
+    # The README's first block is the source; the docs home page repeats its two commands word for word.
+    readme = (PROJECT / "README.md").read_text(encoding="utf-8")
+    home = (PROJECT / "docs" / "index.md").read_text(encoding="utf-8")
+    commands = [line for line in first_code_block(readme) if line.strip() and not line.startswith("#")]
+    assert len(commands) == 2, commands
+    shown = [line for line in first_code_block(home) if line.strip() and not line.startswith("#")]
+    assert shown == commands, "docs/index.md's first code block must hold README.md's two set-up commands"
+
+
+def test_the_home_page_tables_copy_the_rows_they_show():
+    # Its quality row is the README's, its checkpoint table the one recorded on the evaluating page.
+    home = (PROJECT / "docs" / "index.md").read_text(encoding="utf-8")
+    sources = {
+        line
+        for page in ("README.md", "docs/evaluate.md")
+        for line in (PROJECT / page).read_text(encoding="utf-8").splitlines()
+    }
+    tables, _ = read_tables("docs/index.md", home)
+    lines = home.splitlines()
+    rows = [lines[number - 1] for table in tables for number in table.body_lines]
+    assert any("`quickstart.yaml`" in row for row in rows), "the home page shows no quality row of the quickstart"
+    copied_from_nowhere = [row for row in rows if row not in sources]
+    assert not copied_from_nowhere, f"rows found in neither README.md nor docs/evaluate.md: {copied_from_nowhere}"

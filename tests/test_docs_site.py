@@ -237,3 +237,60 @@ def nav_titles(nav: list) -> set[str]:
                 if isinstance(value, list):
                     titles |= nav_titles(value)
     return titles
+
+
+def nav_pages(nav: list) -> set[str]:
+    """Every page (a path under docs/) of an mkdocs.yml ``nav``."""
+    pages = set()
+    for entry in nav:
+        values = entry.values() if isinstance(entry, dict) else [entry]
+        for value in values:
+            pages |= nav_pages(value) if isinstance(value, list) else {value}
+    return pages
+
+
+def test_the_home_page_links_every_page_of_the_navigation():
+    # The home page's map of pages is what a reader who lands there sees first; no page is left out of it.
+    home = (PROJECT / "docs" / "index.md").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\(([\w/.-]+\.md)(?:#[\w-]*)?\)", home))
+    pages = nav_pages(yaml.safe_load((PROJECT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]) - {"index.md"}
+    assert len(pages) > 15
+    assert not pages - linked, f"pages of mkdocs.yml's nav the home page does not link: {sorted(pages - linked)}"
+
+
+# The pages screenshotted, each with the text of a table cell to bring into view: on the benchmarks pages, a
+# row that once leaked out of its table as a paragraph of pipes.
+SCREENSHOTS = {
+    "home": ("index.html", "checkpoint-174"),
+    "benchmarks-speed": ("benchmarks/speed/index.html", "ReviewTrainer (one host sync per update)"),
+    "benchmarks-quality": ("benchmarks/quality/index.html", "two altered copies of each of the 600 train reviews"),
+}
+
+
+@pytest.mark.parametrize("name", list(SCREENSHOTS))
+def test_a_page_renders_its_tables_and_pictures(browser, site, tmp_path, name):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the screenshots drive Chromium with playwright")
+    path, cell_text = SCREENSHOTS[name]
+    with sync_api.sync_playwright() as playwright:
+        # --no-sandbox: Chromium's sandbox refuses to run as root, as CI containers do.
+        chromium = playwright.chromium.launch(executable_path=browser, headless=True, args=["--no-sandbox"])
+        try:
+            page = chromium.new_page(viewport={"width": 1280, "height": 900})
+            page.goto((site / path).as_uri())
+            cell = page.locator("article table td", has_text=cell_text).first
+            sync_api.expect(cell).to_be_visible()
+            if name != "home":  # the home page is taken whole, from its top
+                cell.evaluate("cell => cell.scrollIntoView({block: 'center'})")
+                page.wait_for_timeout(500)  # Material's header swaps its title as the page scrolls
+            # Every picture of the article loaded (a broken one has no natural width).
+            pictures = page.eval_on_selector_all(
+                "article img", "images => images.map(image => [image.getAttribute('src'), image.naturalWidth])"
+            )
+            screenshot = tmp_path / f"{name}.png"
+            page.screenshot(path=str(screenshot), full_page=name == "home")
+        finally:
+            chromium.close()
+    print(f"\nscreenshot of {path}: {screenshot}")
+    assert not [source for source, width in pictures if not width], f"pictures that did not load: {pictures}"
+    if name == "home":
+        assert pictures, "the home page shows no picture of a run"
