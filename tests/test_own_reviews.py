@@ -105,3 +105,75 @@ def test_the_written_recipe_keeps_list_and_bare_flags(tmp_path):
     recipe.write_text(recipe_text(flags))
     again = load_recipe(str(recipe))
     assert again.data.class_names == ["1", "2", "3", "4", "5"] and again.training.use_cpu is True
+
+
+def tiny_reviews(folder: Path) -> Path:
+    """30 short reviews, 10 of each of 3 classes (the tiny model's head), as a CSV."""
+    rows = ["review,label"]
+    for index in range(30):
+        label = ("negative", "neutral", "positive")[index % 3]
+        rows.append(f"{label} review number {index},{label}")
+    path = folder / "mine.csv"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def tiny_own_argv(folder: Path, tiny_model_dir: Path, *flags: str) -> list[str]:
+    """The recipe-less line on ``tiny_reviews``, with the tiny model and 2 updates."""
+    argv = ["train", "--train_file", str(tiny_reviews(folder)), "--text_column", "review", "--label_column", "label"]
+    argv += ["--output_dir", str(folder / "out"), "--model_name_or_path", str(tiny_model_dir), "--max_length", "16"]
+    return [*argv, "--max_steps", "2", "--use_cpu", "true", "--disable_tqdm", "true", *flags]
+
+
+def test_evaluation_turned_off_keeps_the_last_model(tmp_path, tiny_model_dir, capsys):
+    # load_best_model_at_end was a default, not the user's choice: it follows --eval_strategy no instead of refusing.
+    assert main(tiny_own_argv(tmp_path, tiny_model_dir, "--eval_strategy", "no")) == 0
+    err = capsys.readouterr().err
+    decided = err.split("decided for you", 1)[1].split("the recipe that reproduces", 1)[0]
+    assert "save_strategy no" in decided and "load_best_model_at_end false" in decided
+    assert "metric_for_best_model" not in decided and "save_total_limit" not in decided
+    assert (
+        "note: evaluation is off (--eval_strategy no), so the last model is kept: no best-model loading and no "
+        "checkpoint each epoch (pass --save_strategy epoch for one)" in decided
+    )
+    folder = tmp_path / "out"
+    assert (folder / "model.safetensors").is_file() and not list(folder.glob("checkpoint-*"))
+    again = load_recipe(str(folder / "recipe.yaml"))
+    assert again.training.eval_strategy == "no" and again.training.save_strategy == "no"
+    assert again.training.load_best_model_at_end is False and again.training.metric_for_best_model is None
+    assert json.loads((folder / "report" / "metrics.json").read_text())["best_model_checkpoint"] is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "decided"),
+    [
+        (["--eval_strategy", "no", "--save_strategy", "epoch"], {"load_best_model_at_end": False}),
+        (["--save_strategy", "no"], {"eval_strategy": "epoch", "load_best_model_at_end": False}),
+        (["--eval_strategy", "steps"], {"save_strategy": "epoch", "load_best_model_at_end": False}),
+        (["--eval_strategy", "steps", "--save_strategy", "steps"], {"load_best_model_at_end": True}),
+        ([], {"eval_strategy": "epoch", "save_strategy": "epoch", "load_best_model_at_end": True}),
+    ],
+    ids=["eval-off-save-each-epoch", "save-off", "eval-steps", "eval-and-save-steps", "nothing-given"],
+)
+def test_the_best_model_defaults_follow_the_evaluation_and_save_flags(tmp_path, flags, decided, capsys):
+    from finetune.commands.own_reviews import flags_without_recipe
+
+    argv = ["--train_file", str(TRAIN), "--text_column", "review", "--label_column", "stars"]
+    recipe = load_recipe(None, flags_without_recipe([*argv, "--output_dir", str(tmp_path / "out"), *flags]))
+    for name, value in decided.items():
+        assert getattr(recipe.training, name) == value, name
+    # Without best-model loading, no metric names a "best" checkpoint the run did not keep.
+    best = recipe.training.load_best_model_at_end
+    assert (recipe.training.metric_for_best_model == "macro_f1") is best
+
+
+def test_load_best_model_at_end_asked_for_without_evaluation_is_refused(tmp_path, tiny_model_dir, capsys):
+    # The user's own choice contradicts their flags: today's one-line refusal, nothing written.
+    flags = ("--load_best_model_at_end", "true", "--eval_strategy", "no")
+    assert main(tiny_own_argv(tmp_path, tiny_model_dir, *flags)) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: load_best_model_at_end needs eval_strategy and save_strategy to match, but found eval_strategy no "
+        "and save_strategy epoch; pass --save_strategy no --load_best_model_at_end false to keep the last model, "
+        "or --eval_strategy epoch to keep the best"
+    )
+    assert not (tmp_path / "out").exists()

@@ -6,7 +6,9 @@ settings measured on reviews (those of ``recipes/quickstart.yaml``, fewer
 epochs), holds validation and test reviews out of the file (stratified,
 seeded), and prints what it decided with the recipe that reproduces it; the
 run writes that recipe to ``OUTPUT_DIR/recipe.yaml``, so a first run becomes
-a recipe to edit. Flags given always win over these defaults.
+a recipe to edit. Flags given always win over these defaults, and the
+defaults follow them: turn evaluation off and they keep the last model rather
+than a best one nothing measured.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ DEFAULTS: dict[str, str] = {
     "logging_steps": "5",
     "report_to": "none",
 }
+# How a flag says yes (HfArgumentParser's string_to_bool; a bare flag reads as True).
+TRUE_WORDS = ("true", "yes", "t", "y", "1")
 # A rating column the numbers of which are a scale of stars or points.
 RATING_SCALES = ((1, 5), (1, 10), (0, 5), (0, 10))
 
@@ -68,13 +72,13 @@ def refuse_data_file_as_recipe(recipe: str | None) -> None:
 
 def flags_without_recipe(flags: list[str]) -> list[str]:
     """``flags`` plus a default for every setting they leave open; prints what was decided and the recipe."""
-    from ..config.recipes import flag_names
+    from ..config.recipes import flag_names, flag_values
 
     given = flag_names(flags)
-    added: dict[str, str] = {key: value for key, value in DEFAULTS.items() if key not in given}
+    defaults, notes = best_model_defaults(flag_values(flags))
+    added: dict[str, str] = {key: value for key, value in defaults.items() if key not in given}
     if "output_dir" not in given:
         added["output_dir"] = f"runs/{_run_name(flags)}"
-    notes = []
     if not given & {"label_bins", "class_names"}:
         ratings = _rating_values(flags)
         if ratings is not None:
@@ -84,6 +88,45 @@ def flags_without_recipe(flags: list[str]) -> list[str]:
     decided = [*flags, *(token for key, value in added.items() for token in (f"--{key}", value))]
     _print_decisions(decided, added, notes)
     return decided
+
+
+def best_model_defaults(given: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """DEFAULTS fitted to the evaluation and saving the flags ask for, and a note saying why where they differ.
+
+    The defaults keep the best model: evaluate and save each epoch, load the
+    best checkpoint at the end. That needs evaluations and checkpoints at the
+    same moments, so where the flags turn evaluation or saving off or move it,
+    the defaults give way and the last model is kept. ``given`` is the flags'
+    ``{field: raw value}``; a value given is never changed, and where the user
+    asked for ``load_best_model_at_end`` the defaults stay as they are, so a
+    contradiction is refused when the arguments are checked, as in a recipe.
+    """
+    defaults = dict(DEFAULTS)
+    if "load_best_model_at_end" in given and str(given["load_best_model_at_end"]).lower() in TRUE_WORDS:
+        return defaults, []
+    evaluated = str(given.get("eval_strategy", defaults["eval_strategy"])).lower()
+    if evaluated == "no" and "save_strategy" not in given:
+        defaults["save_strategy"] = "no"  # nothing measures which checkpoint is best: none each epoch
+    saved = str(given.get("save_strategy", defaults["save_strategy"])).lower()
+    if saved == "no":
+        del defaults["save_total_limit"]
+    if "load_best_model_at_end" not in given and evaluated != "no" and saved in (evaluated, "best"):
+        return defaults, []  # evaluations and checkpoints together: the best model is kept
+    defaults["load_best_model_at_end"] = "false"
+    # Without best-model loading, Trainer would still name a "best" checkpoint (and the model card with it).
+    del defaults["metric_for_best_model"]
+    decided = [] if "load_best_model_at_end" in given else ["no best-model loading"]
+    if evaluated == "no" and "save_strategy" not in given:
+        decided.append("no checkpoint each epoch (pass --save_strategy epoch for one)")
+    if not decided:
+        return defaults, []  # the user chose not to load the best model: nothing of theirs to explain
+    if evaluated == "no":
+        reason = "evaluation is off (--eval_strategy no)"
+    elif saved == "no":
+        reason = "no checkpoints are saved (--save_strategy no)"
+    else:
+        reason = f"evaluations (eval_strategy {evaluated}) and checkpoints (save_strategy {saved}) do not coincide"
+    return defaults, [f"{reason}, so the last model is kept: {' and '.join(decided)}"]
 
 
 def recipe_text(flags: list[str]) -> str:
