@@ -7,6 +7,7 @@ each rank writes ``OUT_DIR/rank<r>.pt``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -30,6 +31,8 @@ class ExactnessCase(NamedTuple):
     epochs: int = 1
     class_weighting: str = "none"
     sync_each_batch: bool = False  # Accelerate's option to all-reduce on every micro-batch
+    micro_batch_tokens: int | None = None  # windows cut by tokens: each rank's piece count varies
+    padding_free: bool = False  # pieces packed into one row each
 
 
 EXACTNESS_CASES = {
@@ -47,6 +50,10 @@ EXACTNESS_CASES = {
     "class-weighted": ExactnessCase(17, 2, 2, class_weighting="balanced"),
     # A user who asks for an all-reduce on every micro-batch gets one, and the same updates.
     "sync-each-batch": ExactnessCase(17, 2, 2, sync_each_batch=True),
+    # Contract 9: each rank cuts its share of a window by a token budget, into as many pieces as its
+    # reviews need (not the other rank's count), and still all-reduces once per update.
+    "token-budget": ExactnessCase(17, 3, 2, micro_batch_tokens=20),
+    "token-budget-packed": ExactnessCase(17, 3, 2, micro_batch_tokens=40, padding_free=True),
 }
 # Coverage runs: dropout on (so ranks' random streams differ), 3 epochs of shuffled order.
 COVERAGE_SAMPLES = 21
@@ -64,7 +71,11 @@ def case_dataset(tokenizer, case: ExactnessCase) -> datasets.Dataset:
 
 
 def sample_rows(inputs: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
-    """Each sample of a collated batch as its unpadded token ids."""
+    """Each sample of a collated batch (or a packed row) as its unpadded token ids."""
+    if "cu_seq_lens_q" in inputs:
+        starts = inputs["cu_seq_lens_q"].tolist()
+        row = inputs["input_ids"][0].tolist()
+        return [tuple(row[start:end]) for start, end in itertools.pairwise(starts)]
     return [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
 
 
@@ -74,6 +85,7 @@ class CountingTrainer(ReviewTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.window_reductions = 0
+        self.micro_steps = 0  # forward and backward passes, pieces included
         self.trained_rows: list[list[tuple[int, ...]]] = []
 
     def _epoch_batches(self, train_dataloader, epoch):
@@ -85,6 +97,7 @@ class CountingTrainer(ReviewTrainer):
         return super()._sum_over_processes(value)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        self.micro_steps += 1
         if inputs is not self._stand_in:  # the stand-in for an empty share trains nothing
             self.trained_rows[-1].extend(sample_rows(inputs))
         return super().training_step(model, inputs, num_items_in_batch)
@@ -120,6 +133,8 @@ def run_exactness_case(model_dir: Path, tokenizer, case: ExactnessCase, output_d
             case.epochs,
             class_weighting=case.class_weighting,
             accelerator_config=accelerator_config,
+            micro_batch_tokens=case.micro_batch_tokens,
+            padding_free=case.padding_free,
         ),
         train_dataset=case_dataset(tokenizer, case),
         data_collator=DataCollatorWithPadding(tokenizer),
@@ -134,6 +149,7 @@ def run_exactness_case(model_dir: Path, tokenizer, case: ExactnessCase, output_d
         "buckets": counter.buckets,
         "scheduler_steps": trainer.lr_scheduler.last_epoch,
         "window_reductions": trainer.window_reductions,
+        "micro_steps": trainer.micro_steps,
     }
 
 

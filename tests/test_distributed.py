@@ -98,6 +98,8 @@ def test_two_processes_equal_one_full_batch_step_per_window(ranks, initial_model
         case.n,
         epochs=case.epochs,
         class_weighting=case.class_weighting,
+        micro_batch_tokens=case.micro_batch_tokens,
+        padding_free=case.padding_free,
     )
     trained = ranks[0]["cases"][name]["parameters"]
     print(f"{name}: 2 processes x {case.micro_batch} vs 1 process x {PROCESSES * case.micro_batch}: ", end="")
@@ -105,6 +107,14 @@ def test_two_processes_equal_one_full_batch_step_per_window(ranks, initial_model
     assert_matches_reference(trained, reference, flat_parameters(initial_model))
     print(f"{name}: 1 process x {PROCESSES * case.micro_batch} vs the reference: ", end="")
     assert_matches_reference(one_process, reference, flat_parameters(initial_model))
+
+
+def test_token_budget_cases_cut_windows_into_different_piece_counts_per_rank(ranks):
+    """The token-budget cases test what they claim: the ranks made different numbers of forward passes."""
+    for name, case in EXACTNESS_CASES.items():
+        if case.micro_batch_tokens is not None:
+            steps = [results["cases"][name]["micro_steps"] for results in ranks]
+            assert steps[0] != steps[1], name
 
 
 def test_ranks_end_with_identical_parameters(ranks):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import ClassVar
 
 import pytest
 from helpers import quiet_args, review_dataset
@@ -123,6 +124,52 @@ def test_shown_and_logged_loss_do_not_depend_on_n(initial_model, tokenizer, tmp_
     assert one_result.training_loss == pytest.approx(four_result.training_loss, rel=1e-6)
     assert one_bar[-1] == pytest.approx(four_bar[-1], rel=1e-6)
     assert one_bar[-1] == pytest.approx(one_result.training_loss, rel=1e-6)
+
+
+class _RecordShownLoss(trainer_module.EpochProgressBar):
+    """The bar, remembering the Train_Loss text a person saw after each refresh, per epoch."""
+
+    shown: ClassVar[list[tuple[int, str]]] = []
+
+    def _refresh(self, steps, train_loss, learning_rate):
+        super()._refresh(steps, train_loss, learning_rate)
+        self.shown.append((self._epoch, self._bar.postfix.split("Train_Loss=")[1].split(",")[0]))
+
+
+@pytest.mark.parametrize("budget", [None, 30], ids=["by-count", "token-budget"])
+def test_the_bar_shows_no_loss_before_it_has_one(initial_model, tokenizer, tmp_path, monkeypatch, budget):
+    """Issue 51: never a fake 0 at an epoch's start; the first number is the first window's mean loss."""
+    _RecordShownLoss.shown = []
+    monkeypatch.setattr(trainer_module, "EpochProgressBar", _RecordShownLoss)
+    dataset = review_dataset(tokenizer, 12)
+    model = copy.deepcopy(initial_model)
+    trainer = ReviewTrainer(
+        model=model,
+        args=quiet_args(
+            tmp_path,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=3,
+            num_train_epochs=2,
+            learning_rate=0.0,  # the model stays put, so the reference below sees the same weights
+            train_sampling_strategy="sequential",
+            micro_batch_tokens=budget,
+        ),
+        train_dataset=dataset,
+        data_collator=DataCollatorWithPadding(tokenizer),
+    )
+    trainer.train()
+    # Independent: the first window's 6 reviews, each scored alone by the model in training mode.
+    model.train()
+    collator = DataCollatorWithPadding(tokenizer)
+    losses = [float(model(**collator([dataset[row]])).loss) for row in range(6)]
+    first_window_mean = f"{sum(losses) / len(losses):.4f}"
+    for epoch in (1, 2):
+        texts = [text for shown_epoch, text in _RecordShownLoss.shown if shown_epoch == epoch]
+        numbers = [text for text in texts if text != "-"]
+        assert texts[0] == "-"  # before the epoch's first update: nothing measured yet
+        assert "0.0000" not in texts
+        assert numbers[0] == first_window_mean
+        assert texts.index(numbers[0]) == texts.count("-")  # every "-" comes before the first number
 
 
 def test_grad_norm_does_not_depend_on_n(initial_model, tokenizer, tmp_path, monkeypatch):

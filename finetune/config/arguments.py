@@ -400,6 +400,26 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         },
     )
+    micro_batch_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Cut each update's reviews (per_device_train_batch_size x gradient_accumulation_steps) into "
+                "micro-batches of at most this many tokens, longest first, instead of by count: less padding, "
+                "fewer forward passes for short reviews, the same update (e.g. 4096). On a GPU that runs out "
+                "of memory it is halved and the update redone."
+            )
+        },
+    )
+    padding_free: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Pack each micro-batch's reviews end to end in one row, with attention kept within each "
+                "review, so no padding token is computed (BERT models); the saved model is unchanged."
+            )
+        },
+    )
     baseline: bool = field(
         default=True,
         metadata={
@@ -458,6 +478,11 @@ class FinetuneTrainingArguments(TrainingArguments):
         if not 0.0 < self.layerwise_lr_decay <= 1.0:
             raise FinetuneError(
                 f"layerwise_lr_decay must be in (0, 1] (got {self.layerwise_lr_decay}); try 0.9, or 1.0 to turn it off"
+            )
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise FinetuneError(
+                f"micro_batch_tokens must be >= 1 (got {self.micro_batch_tokens}); try 4096, or leave it out "
+                "to cut updates by per_device_train_batch_size"
             )
         if self.freeze_encoder_updates < 0:
             raise FinetuneError(

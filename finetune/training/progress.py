@@ -13,7 +13,9 @@ class EpochProgressBar:
     (an ``IterableDataset``; ``micro_batches=None``), the run's updates out of
     ``max_steps``. ``Train_Loss`` is the running per-sample mean of the
     unscaled loss over the epoch so far, so it reads the same whatever
-    ``gradient_accumulation_steps`` is.
+    ``gradient_accumulation_steps`` is. It is read once per update (a read
+    per micro-batch would stall a GPU), so until the epoch's first update it
+    shows ``-``: never a 0 that was not measured.
     """
 
     def __init__(
@@ -36,18 +38,17 @@ class EpochProgressBar:
         )
         self._epoch = epoch + 1
 
-    def advance(self, micro_batches: int, train_loss: float, learning_rate: float) -> None:
+    def advance(self, micro_batches: int, train_loss: float | None, learning_rate: float) -> None:
         """Count ``micro_batches`` more (when the bar counts micro-batches) and refresh the shown loss and rate."""
         self._refresh(micro_batches if not self._counts_updates else 0, train_loss, learning_rate)
 
-    def finish_update(self, train_loss: float, learning_rate: float) -> None:
+    def finish_update(self, train_loss: float | None, learning_rate: float) -> None:
         """Count one update (when the bar counts updates) and refresh the shown loss and rate."""
         self._refresh(1 if self._counts_updates else 0, train_loss, learning_rate)
 
-    def _refresh(self, steps: int, train_loss: float, learning_rate: float) -> None:
-        self._bar.set_postfix(
-            Epoch=self._epoch, Train_Loss=f"{train_loss:.4f}", LR=f"{learning_rate:.2e}", refresh=False
-        )
+    def _refresh(self, steps: int, train_loss: float | None, learning_rate: float) -> None:
+        shown_loss = "-" if train_loss is None else f"{train_loss:.4f}"
+        self._bar.set_postfix(Epoch=self._epoch, Train_Loss=shown_loss, LR=f"{learning_rate:.2e}", refresh=False)
         self._bar.update(steps)
 
     def write(self, message: str) -> None:

@@ -79,6 +79,8 @@ from .accumulation import (
 from .checkpointing import CrashSafeCheckpoints
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
+from .micro_batches import cut_window, keep_features
+from .packed_attention import PackedReading
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 # Trainer's own logger, so that the banner and warnings below follow transformers' verbosity
@@ -131,6 +133,16 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             class_weights = validate_class_weights(class_weights, self.model.config.num_labels)
         self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
         self._class_weights_on_device: torch.Tensor | None = None  # a copy where the labels are, made once
+        # How windows are cut into pieces (see micro_batches.py): a token budget (halved on out-of-memory)
+        # and whether pieces are packed rows. Neither set: the dataloader's micro-batches, as stock.
+        self.micro_batch_tokens: int | None = getattr(self.args, "micro_batch_tokens", None)
+        self.padding_free: bool = bool(getattr(self.args, "padding_free", False))
+        self._piece_collator: Any = None  # the run's collator, applied to each piece once a window is cut
+
+    @property
+    def cuts_windows(self) -> bool:
+        """Whether windows are cut into pieces here (by tokens, or packed) rather than taken as the loader made them."""
+        return self.micro_batch_tokens is not None or self.padding_free
 
     # ------------------------------------------------------------------- data
 
@@ -145,10 +157,15 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # even_batches would fill the last global micro-batch with repeats of the epoch's first
         # samples, training them twice; with_empty_shares covers the ranks left without a share.
         self.accelerator.even_batches = not has_length(self.train_dataset) and even_batches
+        collator = self.data_collator
+        if self.cuts_windows:
+            # The loader yields the features as they are; each piece is collated once the window is cut.
+            self._piece_collator, self.data_collator = collator, keep_features
         try:
             return super().get_train_dataloader()
         finally:
             self.accelerator.even_batches = even_batches
+            self.data_collator = collator
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
         """Trainer's sampler, except that ``group_by_length`` is seeded per epoch and groups whole global windows.
@@ -260,17 +277,23 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 f"{self.state.global_step}; skipping {micro_batches_done} micro-batches of that epoch"
             )
 
-        return self._run_accumulation_loop(
-            model=model,
-            train_dataloader=train_dataloader,
-            num_epochs=num_epochs,
-            micro_batches_per_epoch=micro_batches_per_epoch,
-            start_epoch=epochs_trained,
-            micro_batches_done=micro_batches_done,
-            resume_from_checkpoint=resume_from_checkpoint,
-            trial=trial,
-            ignore_keys_for_eval=ignore_keys_for_eval,
-        )
+        # Packed rows need attention per review, installed for this run only (the saved model stays stock).
+        packed_reading = PackedReading(self.accelerator.unwrap_model(model)) if self.padding_free else None
+        try:
+            return self._run_accumulation_loop(
+                model=model,
+                train_dataloader=train_dataloader,
+                num_epochs=num_epochs,
+                micro_batches_per_epoch=micro_batches_per_epoch,
+                start_epoch=epochs_trained,
+                micro_batches_done=micro_batches_done,
+                resume_from_checkpoint=resume_from_checkpoint,
+                trial=trial,
+                ignore_keys_for_eval=ignore_keys_for_eval,
+            )
+        finally:
+            if packed_reading is not None:
+                packed_reading.remove()
 
     def _log_training_banner(
         self, model: nn.Module, train_dataloader: Any, num_epochs: int, updates_in_epoch: int, max_steps: int
@@ -364,6 +387,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self._stand_in = (
             stand_in_batch(train_dataloader) if self.accelerator.num_processes > 1 and run.length_known else None
         )
+        if self._stand_in is not None and self.cuts_windows:
+            self._stand_in = self._cut_window([self._stand_in], token_budget=None)[0]
         # What state.epoch's fraction counts: with no length, stock Trainer's stand-in of max_steps windows.
         run.epoch_micro_batches = (
             run.micro_batches_per_epoch
@@ -401,7 +426,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             max_steps=self.state.max_steps,
             updates_done=self.state.global_step,
         )
-        bar.advance(micro_batches_done, 0.0, self._get_learning_rate())
+        # No loss yet: the bar shows "-" until this epoch's first update has read one.
+        bar.advance(micro_batches_done, None, self._get_learning_rate())
         micro_batches_left = None
         if run.length_known:
             micro_batches_left = run.micro_batches_per_epoch - micro_batches_done
@@ -415,8 +441,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self.state.global_step += 1
         self.state.epoch = epoch.index + epoch.micro_step / run.epoch_micro_batches
         # The window's last micro-batch, shown only now: its loss is known once the update has read it.
-        epoch.bar.advance(1, epoch.loss.mean(), epoch.learning_rate)
-        epoch.bar.finish_update(epoch.loss.mean(), epoch.learning_rate)
+        epoch.bar.advance(1, epoch.loss.shown_mean(), epoch.learning_rate)
+        epoch.bar.finish_update(epoch.loss.shown_mean(), epoch.learning_rate)
 
     def _end_epoch(self, model: nn.Module, run: _Run, epoch: _Epoch) -> None:
         """Close the bar, stop a run whose data ran dry, ``on_epoch_end``, then log, evaluate and save as asked."""
@@ -491,6 +517,50 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         Returns ``None`` when a callback stops the epoch or the run inside the
         window (``on_substep_end``), as stock Trainer stops there too.
         """
+        if not self.cuts_windows:
+            return self._accumulate_pieces(model, window, epoch_loss, bar, num_items_in_batch)
+        while True:
+            # The pieces are the micro-batches now; a rank with no sample in the window forwards the stand-in.
+            pieces = self._cut_window(window, self.micro_batch_tokens) or [None]
+            try:
+                window_loss = self._accumulate_pieces(model, pieces, epoch_loss, bar, num_items_in_batch)
+            except torch.OutOfMemoryError:
+                if self.micro_batch_tokens is None or self.micro_batch_tokens < 2:
+                    raise
+                self._halve_token_budget(model, bar)
+                continue
+            if window_loss is not None:
+                # The bar counts the loader's micro-batches; all but the last are shown now, the last at the update.
+                bar.advance(len(window) - 1, epoch_loss.shown_mean(), self._get_learning_rate())
+            return window_loss
+
+    def _cut_window(self, window: list[Any], token_budget: int | None) -> list[dict[str, Any]]:
+        """The window's samples collated in pieces of at most ``token_budget`` tokens (packed with padding_free)."""
+        return cut_window(window, token_budget, self._piece_collator, self.padding_free)
+
+    def _halve_token_budget(self, model: nn.Module, bar: EpochProgressBar) -> None:
+        """After an out-of-memory error inside a window: drop its gradients, halve the budget, say so once."""
+        model.zero_grad(set_to_none=True)
+        clear_device_cache()
+        self.micro_batch_tokens //= 2
+        message = (
+            f"out of memory: micro_batch_tokens lowered to {self.micro_batch_tokens} and the window redone from its "
+            "start (set micro_batch_tokens to this or less to start there)"
+        )
+        logger.warning(message)
+        if not getattr(self, "_told_of_lower_budget", False):
+            bar.write(message)
+            self._told_of_lower_budget = True
+
+    def _accumulate_pieces(
+        self,
+        model: nn.Module,
+        window: list[dict[str, Any] | None],
+        epoch_loss: _LossTracker,
+        bar: EpochProgressBar,
+        num_items_in_batch: Any = None,
+    ) -> _LossTracker | None:
+        """Forward and backward each micro-batch (or piece) of a window; see ``_accumulate_window``."""
         micro_masses = [0.0 if inputs is None else self._loss_mass(inputs) for inputs in window]
         window_mass = self._sum_over_processes(sum(micro_masses))
         # Summed on the device and read once per update, in _update: a .item() per micro-batch
@@ -510,7 +580,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                     mean_loss = self.training_step(model, inputs, num_items_in_batch)
                     window_loss_sum += mean_loss.double() * mass
             if not is_update_step:
-                bar.advance(1, epoch_loss.mean(), self._get_learning_rate())
+                bar.advance(0 if self.cuts_windows else 1, epoch_loss.shown_mean(), self._get_learning_rate())
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     return None
@@ -858,6 +928,10 @@ class _LossTracker:
     def mean(self) -> float:
         """Per-sample (weighted) mean so far (0.0 before any sample)."""
         return self.loss_sum / self.mass if self.mass else 0.0
+
+    def shown_mean(self) -> float | None:
+        """The mean for people to read: None before any sample, never a 0 that was not measured."""
+        return self.loss_sum / self.mass if self.mass else None
 
     def as_stock_tr_loss(self, updates: int) -> torch.Tensor:
         """What stock Trainer's ``tr_loss`` would hold: a loss per update, summed over ``updates``."""

@@ -1,0 +1,207 @@
+"""Contract 9: any split of a window (by a token budget, packed, cut again after out-of-memory) gives the same update.
+
+The reference is test_exactness.py's plain PyTorch: one full-batch SGD step on
+each window's samples, collated as one padded batch. Nothing of the trainer's
+cutting or packing is in it.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from helpers import flat_parameters, review_dataset, sgd_args
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_exactness import (
+    assert_matches_reference,
+    by_hand_balanced_weights,
+    imbalanced_dataset,
+    reference_full_batch_steps,
+    trained_parameters,
+)
+from transformers import BertForSequenceClassification, DataCollatorWithPadding
+
+from finetune import ReviewTrainer
+from finetune.errors import FinetuneError
+from finetune.training import trainer as trainer_module
+
+
+@pytest.fixture(scope="module")
+def initial_model(tiny_model_dir):
+    return BertForSequenceClassification.from_pretrained(tiny_model_dir)
+
+
+class RecordingCollator(DataCollatorWithPadding):
+    """The run's collator, remembering every batch it made (what each forward pass computed)."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.batches = []
+
+    def __call__(self, features):
+        batch = super().__call__(features)
+        self.batches.append(batch)
+        return batch
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("budget", [1, 24, 64, None], ids=["budget-1", "budget-24", "budget-64", "by-count"])
+@pytest.mark.parametrize(("samples", "micro_batch", "n"), [(12, 3, 2), (10, 4, 4)], ids=["divisible", "partial-window"])
+def test_update_equals_full_batch_step_for_any_split(
+    initial_model, tokenizer, tmp_path, samples, micro_batch, n, budget, packed
+):
+    dataset = review_dataset(tokenizer, samples)
+    collator = RecordingCollator(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, micro_batch * n)
+    collator.batches.clear()
+    trained = trained_parameters(
+        ReviewTrainer,
+        initial_model,
+        dataset,
+        collator,
+        tmp_path,
+        micro_batch,
+        n,
+        micro_batch_tokens=budget,
+        padding_free=packed,
+    )
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+    assert sum(len(batch["labels"]) for batch in collator.batches) == samples  # each sample once
+    if budget is not None:
+        for batch in collator.batches:
+            # A piece holds at most the budget, unless it is one review longer than the budget.
+            cost = int(batch["attention_mask"].sum()) if packed else batch["input_ids"].numel()
+            assert cost <= budget or len(batch["labels"]) == 1
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    micro_batch=st.integers(min_value=1, max_value=6),
+    n=st.integers(min_value=1, max_value=5),
+    windows=st.integers(min_value=1, max_value=3),
+    short_by=st.integers(min_value=0, max_value=29),
+    budget=st.integers(min_value=1, max_value=200),
+    packed=st.booleans(),
+)
+def test_exact_for_any_budget(initial_model, tokenizer, tmp_path, micro_batch, n, windows, short_by, budget, packed):
+    window_samples = micro_batch * n
+    samples = windows * window_samples - min(short_by, window_samples - 1)
+    dataset = review_dataset(tokenizer, samples, seed=samples + budget)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, window_samples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # n larger than the epoch warns (test_exactness.py)
+        trained = trained_parameters(
+            ReviewTrainer,
+            initial_model,
+            dataset,
+            collator,
+            tmp_path,
+            micro_batch,
+            n,
+            micro_batch_tokens=budget,
+            padding_free=packed,
+        )
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_class_weighted_pieces_weigh_by_summed_weights(initial_model, tokenizer, tmp_path, packed):
+    dataset = imbalanced_dataset(tokenizer, 10)
+    weights = by_hand_balanced_weights(dataset["labels"], 3)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, 6, class_weights=weights)
+    trained = trained_parameters(
+        ReviewTrainer,
+        initial_model,
+        dataset,
+        collator,
+        tmp_path,
+        3,
+        2,
+        class_weighting="balanced",
+        micro_batch_tokens=30,
+        padding_free=packed,
+    )
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+
+
+def test_the_check_has_teeth_pieces_weighted_alike_fail(initial_model, tokenizer, tmp_path, monkeypatch):
+    """Weighting each piece 1 / pieces (as the classic loop weighs micro-batches) is caught."""
+    dataset = review_dataset(tokenizer, 12)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, 6)
+    monkeypatch.setattr(ReviewTrainer, "_loss_mass", lambda self, inputs: 1.0)
+    trained = trained_parameters(ReviewTrainer, initial_model, dataset, collator, tmp_path, 3, 2, micro_batch_tokens=40)
+    with pytest.raises(AssertionError, match="relative"):
+        assert_matches_reference(trained, reference, flat_parameters(initial_model))
+
+
+class _OutOfMemoryAbove(ReviewTrainer):
+    """ReviewTrainer on a device that runs out of memory on more than ``limit`` reviews at once.
+
+    Pieces come longest first, so with a budget of 64 tokens the first piece holds
+    2 long reviews and fits, and a later one holds more short ones and does not:
+    the window fails with gradients already accumulated.
+    """
+
+    limit = 2
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.refused = 0
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if len(inputs["labels"]) > self.limit:
+            self.refused += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_out_of_memory_halves_the_budget_and_redoes_the_window(initial_model, tokenizer, tmp_path, monkeypatch, packed):
+    dataset = review_dataset(tokenizer, 12)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, 6)
+    written = []
+    monkeypatch.setattr(trainer_module.EpochProgressBar, "write", lambda self, message: written.append(message))
+    model = copy.deepcopy(initial_model)
+    trainer = _OutOfMemoryAbove(
+        model=model,
+        args=sgd_args(tmp_path, 3, 2, micro_batch_tokens=64, padding_free=packed),
+        train_dataset=dataset,
+        data_collator=collator,
+    )
+    trainer.train()
+    # Pieces of the first window ran before one ran out of memory: their gradients must not count twice.
+    assert trainer.refused > 0
+    assert trainer.micro_batch_tokens < 64
+    assert_matches_reference(flat_parameters(model), reference, flat_parameters(initial_model))
+    assert len(written) == 1 and "micro_batch_tokens lowered to" in written[0]
+
+
+def test_out_of_memory_without_a_budget_is_raised(initial_model, tokenizer, tmp_path, monkeypatch):
+    model = copy.deepcopy(initial_model)
+    trainer = ReviewTrainer(
+        model=model,
+        args=sgd_args(tmp_path, 3, 2, padding_free=True),
+        train_dataset=review_dataset(tokenizer, 6),
+        data_collator=DataCollatorWithPadding(tokenizer),
+    )
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(trainer, "compute_loss", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        trainer.train()
+    # The per-review attention is taken off the model even when the run fails.
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_budget_below_one_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(FinetuneError, match=r"micro_batch_tokens must be >= 1 \(got 0\); try 4096"):
+        sgd_args(tmp_path, 3, 2, micro_batch_tokens=0)

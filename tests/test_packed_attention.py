@@ -1,0 +1,124 @@
+"""Packed rows read as padded batches (finetune/training/packed_attention.py): logits and gradients within 1e-5.
+
+The reference is the stock model on a padded batch of the same reviews, with
+transformers' own SDPA attention and pooler: nothing of the packing is in it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from transformers import (
+    BertForSequenceClassification,
+    DataCollatorWithPadding,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+)
+
+from finetune.errors import FinetuneError
+from finetune.training.micro_batches import pack
+from finetune.training.modeling import resolve_model_path
+from finetune.training.packed_attention import PACKED_ATTENTION, PackedReading
+from finetune.training.pooling import add_mean_pooling_layer
+
+TOLERANCE = 1e-5
+REVIEWS = [
+    "Stopped working after a week and support never answered.",
+    "great",
+    "The battery lasts two days, the screen is sharp and it was cheap. Five stars from me!",
+    "ok I guess",
+    "Returned it: cracked on arrival, and the refund took a month.",
+]
+
+
+def padded_and_packed(model, tokenizer, reviews=REVIEWS):
+    """Logits and parameter gradients of ``model`` on a padded batch and on the same reviews packed.
+
+    Padded on the right, as BERT reads them: its position ids count from the row's start.
+    """
+    features = [dict(tokenizer(text), labels=index % 3) for index, text in enumerate(reviews)]
+    batch = DataCollatorWithPadding(tokenizer)(features)
+    results = []
+    for packed in (False, True):
+        copied = copy.deepcopy(model)
+        copied.eval()  # dropout off: the two must compute the same function
+        reading = PackedReading(copied) if packed else None
+        outputs = copied(**(pack(batch) if packed else batch))
+        outputs.loss.backward()
+        if reading is not None:
+            reading.remove()
+        gradients = torch.cat([parameter.grad.flatten() for parameter in copied.parameters()])
+        results.append((outputs.logits.detach(), gradients))
+    return results
+
+
+def assert_same(padded, packed):
+    (logits, gradients), (packed_logits, packed_gradients) = padded, packed
+    assert packed_logits.shape == logits.shape
+    assert float((packed_logits - logits).abs().max()) < TOLERANCE
+    assert float((packed_gradients - gradients).abs().max()) < TOLERANCE
+    assert float(gradients.abs().max()) > 1e-3  # a real gradient was compared
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    torch.manual_seed(0)
+    return BertForSequenceClassification.from_pretrained(resolve_model_path("all-minilm-l6-v2"), num_labels=3)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_tiny_bert_packed_equals_padded(tiny_model_dir, tokenizer, pooling):
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir)
+    if pooling == "mean":
+        add_mean_pooling_layer(model)
+    assert_same(*padded_and_packed(model, tokenizer))
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_packaged_minilm_packed_equals_padded(minilm, tokenizer, pooling):
+    model = copy.deepcopy(minilm)
+    if pooling == "mean":
+        add_mean_pooling_layer(model)
+    assert_same(*padded_and_packed(model, tokenizer))
+
+
+def test_the_check_has_teeth_plain_sdpa_on_a_packed_row_differs(minilm, tokenizer):
+    """Without the per-review attention, reviews in one row attend to each other and the logits move."""
+    model = copy.deepcopy(minilm).eval()
+    batch = DataCollatorWithPadding(tokenizer)([dict(tokenizer(text)) for text in REVIEWS])
+    padded = model(**batch).logits
+    row = pack(batch)
+    hidden = model.bert(input_ids=row["input_ids"], position_ids=row["position_ids"]).last_hidden_state
+    first_tokens = hidden[0, row["cu_seq_lens_q"][:-1].long()]
+    leaked = model.classifier(model.bert.pooler(first_tokens.unsqueeze(1)))
+    assert float((leaked - padded).abs().max()) > 100 * TOLERANCE
+
+
+def test_the_model_is_stock_again_after_the_run(tiny_model_dir, tokenizer, tmp_path):
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir)
+    reading = PackedReading(model)
+    assert model.config._attn_implementation == PACKED_ATTENTION
+    # Padded batches read as before while it is installed (evaluation during training).
+    batch = DataCollatorWithPadding(tokenizer)([dict(tokenizer(text)) for text in REVIEWS])
+    model.eval()
+    with torch.no_grad():
+        during = model(**batch).logits
+    reading.remove()
+    with torch.no_grad():
+        after = model(**batch).logits
+    assert torch.allclose(during, after, atol=1e-6)
+    assert model.config._attn_implementation == "sdpa"
+    assert not model.bert.encoder._forward_hooks
+    model.save_pretrained(tmp_path)
+    assert "finetune" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
+
+
+def test_a_model_that_cannot_be_packed_is_refused_with_the_fix():
+    model = DistilBertForSequenceClassification(
+        DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=37)
+    )
+    with pytest.raises(FinetuneError, match=r"padding_free works with BERT models .* set padding_free: false"):
+        PackedReading(model)
