@@ -27,7 +27,7 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model_path("all-minilm-l6-v2"))
 
 
-def save_tiny_bert(folder, tokenizer, dropout: float):
+def save_tiny_bert(folder, tokenizer, dropout: float, initializer_range: float = 0.02):
     """A 2-layer BERT classifier (hidden 32, 3 labels) with the real tokenizer, saved in ``folder``."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
@@ -43,6 +43,7 @@ def save_tiny_bert(folder, tokenizer, dropout: float):
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
         num_labels=3,
+        initializer_range=initializer_range,
     )
     BertForSequenceClassification(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -59,6 +60,16 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
 def tiny_dropout_model_dir(tmp_path_factory, tokenizer):
     """The same tiny BERT with BERT's usual dropout (0.1), for tests where the random state matters."""
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-dropout"), tokenizer, dropout=0.1)
+
+
+@pytest.fixture(scope="session")
+def tiny_varied_model_dir(tmp_path_factory, tokenizer):
+    """The tiny BERT with weights drawn 25 times wider (initializer_range 0.5): its answers differ by review.
+
+    At BERT's 0.02 the tiny model's logits differ by about 1e-4 from one review to another, and a run
+    trained from it answers one label for every review, which a prediction test cannot tell from a bug.
+    """
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-varied"), tokenizer, dropout=0.0, initializer_range=0.5)
 
 
 # Session-wide: resuming, faults and evaluate tests all start from copies of this one run.
