@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+import types
 
 import pytest
 from bad_input.common import run_recipe
 
 from finetune.cli import main
+from finetune.training import run_clock
 from finetune.training.run_clock import PARTS, RunClock
 
 
@@ -16,24 +18,68 @@ def _breakdown(run_folder):
     return json.loads((run_folder / "report" / "metrics.json").read_text())["time_breakdown"]
 
 
-def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(tmp_path, tiny_model_dir, capsys):
+class _LengthenedClock:
+    """``time.perf_counter`` plus the seconds the test adds inside chosen functions, and a count of them per part.
+
+    A real run's parts take seconds nobody can predict; a part lengthened by
+    thousands of seconds must show them, and only it, whatever the machine.
+    """
+
+    def __init__(self, monkeypatch) -> None:
+        self.real = time.perf_counter
+        self.added = dict.fromkeys(PARTS, 0.0)
+        monkeypatch.setattr(time, "perf_counter", lambda: self.real() + sum(self.added.values()))
+
+    def lengthen(self, monkeypatch, owner, name: str, part: str, seconds: float) -> None:
+        """Every call of ``owner.name`` takes ``seconds`` more, in ``part``'s time."""
+        original = getattr(owner, name)
+
+        def lengthened(*args, **kwargs):
+            self.added[part] += seconds
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, lengthened)
+
+
+def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    import finetune.commands.train
+    import finetune.config.recipes
+    import finetune.data.splits
+    import finetune.evaluation.model_card
+    import finetune.training.modeling
+    from finetune.training.trainer import ReviewTrainer
+
     # An evaluation after each update and the baseline, but no checkpoint: saves must take no time.
     recipe = run_recipe(
         tmp_path, tiny_model_dir, save_strategy="no", eval_strategy="steps", eval_steps=1, baseline="true"
     )
-    started = time.perf_counter()
+    clock = _LengthenedClock(monkeypatch)
+    # One function inside each part, lengthened by its own amount (per call), far above a real run's seconds.
+    clock.lengthen(monkeypatch, finetune.config.recipes, "load_recipe", "startup", 1000)
+    clock.lengthen(monkeypatch, finetune.data.splits, "load_review_data", "data", 2000)
+    clock.lengthen(monkeypatch, finetune.commands.train, "_fit_baseline", "baseline", 3000)
+    clock.lengthen(monkeypatch, finetune.training.modeling, "load_classifier", "load", 4000)
+    clock.lengthen(monkeypatch, ReviewTrainer, "__init__", "other", 5000)  # building the Trainer
+    clock.lengthen(monkeypatch, ReviewTrainer, "training_step", "train_steps", 300)
+    clock.lengthen(monkeypatch, ReviewTrainer, "evaluate", "evaluation", 700)
+    clock.lengthen(monkeypatch, ReviewTrainer, "save_final_model", "final_save", 6000)
+    clock.lengthen(monkeypatch, finetune.evaluation.model_card, "write_model_card", "final_evaluation_and_report", 8000)
+
+    started = clock.real()
     assert main(["train", str(recipe)]) == 0
-    wall = time.perf_counter() - started
+    real_seconds = clock.real() - started
     breakdown = _breakdown(tmp_path / "run")
     assert list(breakdown) == [*PARTS, "total"]
-    assert all(seconds >= 0 for seconds in breakdown.values())
-    assert sum(breakdown[part] for part in PARTS) == pytest.approx(breakdown["total"], abs=0.01)
-    assert breakdown["total"] <= wall
-    assert breakdown["checkpoint_saves"] == 0
+    assert clock.added["evaluation"] == 2 * 700  # the 2 updates were evaluated
+    # Each part holds its added seconds plus at most the run's real seconds; a part lengthened by none took none.
     for part in PARTS:
-        assert breakdown[part] > 0 or part in ("checkpoint_saves", "other"), part
+        assert clock.added[part] <= breakdown[part] <= clock.added[part] + real_seconds, (part, breakdown, real_seconds)
+    assert breakdown["checkpoint_saves"] == 0
+    added = sum(clock.added.values())
+    assert added <= breakdown["total"] <= added + real_seconds
+    assert breakdown["total"] == pytest.approx(sum(breakdown[part] for part in PARTS), abs=0.01)
     err = capsys.readouterr().err
-    assert f"wall time {breakdown['total']:.1f}s:" in err and "evaluation" in err
+    assert f"wall time {breakdown['total']:.1f}s:" in err and f"evaluation {breakdown['evaluation']:.1f}s" in err
 
 
 def test_checkpoint_saves_are_timed_apart_from_the_steps(finished_run):
@@ -44,12 +90,24 @@ def test_checkpoint_saves_are_timed_apart_from_the_steps(finished_run):
     assert breakdown["train_steps"] > 0
 
 
-def test_laps_and_moves_keep_the_total():
+def test_laps_and_moves_keep_the_total(monkeypatch):
+    now = [1000.0]  # a clock that moves only when the test says so
+    monkeypatch.setattr(run_clock, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     clock = RunClock()
-    time.sleep(0.02)
+    now[0] += 2.0
+    clock.lap("load")
+    now[0] += 10.0
     clock.lap("train_steps")
-    clock.move(0.01, "train_steps", "evaluation")
-    breakdown = clock.breakdown()
-    assert breakdown["evaluation"] == pytest.approx(0.01)
-    assert breakdown["train_steps"] >= 0.0095
-    assert breakdown["total"] == pytest.approx(sum(breakdown[part] for part in PARTS), abs=0.005)
+    clock.move(3.0, "train_steps", "evaluation")
+    clock.move(1.5, "train_steps", "checkpoint_saves")
+    now[0] += 0.25  # not lapped: other's
+    # Halves and quarters are exact in binary: the breakdown is compared exactly.
+    assert clock.breakdown() == {
+        **dict.fromkeys(PARTS, 0.0),
+        "load": 2.0,
+        "train_steps": 5.5,
+        "evaluation": 3.0,
+        "checkpoint_saves": 1.5,
+        "other": 0.25,
+        "total": 12.25,
+    }
