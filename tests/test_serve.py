@@ -1,8 +1,8 @@
 """``finetune serve``: answers as ``finetune predict`` does, batches concurrent requests, refuses abuse, stops cleanly.
 
 Servers run on 127.0.0.1 with the tiny 2-layer model of a finished tiny run.
-Timings on a shared machine are not asserted beyond "batched beats one at a
-time"; ``tools/serve_load.py`` measures the figures on a real run.
+Timings on a shared machine are never asserted: batching is checked by counting
+model calls, and ``tools/serve_load.py`` measures the speed on a real run.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import json
 import random
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -135,48 +134,51 @@ def test_abuse_gets_a_4xx_json_error_naming_the_problem_and_the_server_goes_on(s
 
 
 class _Client:
-    """One keep-alive connection sending one review per request, recording each request's latency."""
+    """One keep-alive connection sending one review per request."""
 
     def __init__(self, port: int) -> None:
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        self.latencies: list[float] = []
         self.answers: dict[int, dict] = {}
 
     def send(self, index: int, review: str) -> None:
-        started = time.perf_counter()
         self.connection.request("POST", "/predict", json.dumps({"reviews": [review]}), {**AUTH})
         response = self.connection.getresponse()
         body = json.loads(response.read())
-        self.latencies.append(time.perf_counter() - started)
         assert response.status == 200, body
         self.answers[index] = body["results"][0]
 
 
-def test_8_concurrent_clients_are_batched_and_beat_one_request_at_a_time(server):
+def _served_so_far(port: int) -> tuple[int, int]:
+    """How many model calls ``/predict`` has made, and how many reviews they scored (from ``/info``)."""
+    _, info = request(port, "GET", "/info", headers=AUTH)
+    served = info["served"]["predict"]
+    return served["model_calls"], served["reviews"]
+
+
+def test_8_concurrent_clients_are_batched_into_fewer_model_calls_than_requests(server):
     rng = random.Random(0)
     reviews = [" ".join(rng.choices(WORDS, k=rng.randint(3, 25))) for _ in range(160)]
     clients = 8
 
-    # The same reviews one request at a time, then from 8 clients at once (each its own share).
+    # The same reviews one request at a time: one model call each.
+    calls_before, reviews_before = _served_so_far(server.port)
     one_at_a_time = _Client(server.port)
-    started = time.perf_counter()
     for index, review in enumerate(reviews):
         one_at_a_time.send(index, review)
-    sequential_s = time.perf_counter() - started
-    _, before = request(server.port, "GET", "/info", headers=AUTH)
+    calls_alone, reviews_alone = _served_so_far(server.port)
+    assert (calls_alone - calls_before, reviews_alone - reviews_before) == (len(reviews), len(reviews))
 
+    # Then from 8 clients at once, each its own share, one request in flight per client.
     concurrent = [_Client(server.port) for _ in range(clients)]
     threads = [
         threading.Thread(target=lambda c=client, k=k: [c.send(i, reviews[i]) for i in range(k, len(reviews), clients)])
         for k, client in enumerate(concurrent)
     ]
-    started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    concurrent_s = time.perf_counter() - started
-    _, after = request(server.port, "GET", "/info", headers=AUTH)
+    calls_batched, reviews_batched = _served_so_far(server.port)
 
     answers = {index: answer for client in concurrent for index, answer in client.answers.items()}
     assert sorted(answers) == list(range(len(reviews)))
@@ -185,20 +187,10 @@ def test_8_concurrent_clients_are_batched_and_beat_one_request_at_a_time(server)
         alone = one_at_a_time.answers[index]
         assert answer["label"] == alone["label"]
         assert max(abs(answer["probabilities"][c] - p) for c, p in alone["probabilities"].items()) < 1e-4
-    calls = after["served"]["predict"]["model_calls"] - before["served"]["predict"]["model_calls"]
-    latencies = sorted(latency for client in concurrent for latency in client.latencies)
-    figures = {
-        "requests": len(reviews),
-        "model_calls": calls,
-        "p50_ms": round(1000 * statistics.median(latencies), 1),
-        "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1),
-        "reviews_per_s_batched": round(len(reviews) / concurrent_s, 1),
-        "reviews_per_s_one_at_a_time": round(len(reviews) / sequential_s, 1),
-    }
-    print(f"\nserve load (tiny model, 8 clients): {json.dumps(figures)}")
-    # Several clients' reviews shared model calls, and that paid: fewer calls than requests, more reviews/s.
-    assert calls < len(reviews) / 2, figures
-    assert sequential_s > concurrent_s, figures
+    # Every review scored once; a call holds at most the 8 requests in flight, and on average more than 2.
+    calls = calls_batched - calls_alone
+    assert reviews_batched - reviews_alone == len(reviews)
+    assert len(reviews) / clients <= calls < len(reviews) / 2, calls
 
 
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(run_dir, tmp_path):
