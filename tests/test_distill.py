@@ -41,12 +41,13 @@ def teacher_run(tmp_path_factory, tiny_model_dir, soft_label_cache):
 
 
 @pytest.fixture(scope="module")
-def student_run(tmp_path_factory, tiny_model_dir, teacher_run, soft_label_cache):
+def student_run(tmp_path_factory, tiny_varied_model_dir, teacher_run, soft_label_cache):
+    # A student whose answers differ by review, so that its predictions can be told from a constant.
     folder = tmp_path_factory.mktemp("student")
     unlabeled = folder / "unlabeled.csv"
     rows = [f"review {index} {'great value' if index % 2 else 'broke quickly'}" for index in range(40)]
     unlabeled.write_text("review\n" + "\n".join(rows) + "\n", encoding="utf-8")
-    recipe = tiny_recipe(folder, tiny_model_dir, folder / "run", unlabeled_file=unlabeled, **QUICK)
+    recipe = tiny_recipe(folder, tiny_varied_model_dir, folder / "run", unlabeled_file=unlabeled, **QUICK)
     assert main(["distill", str(teacher_run), str(recipe), "--distill_alpha", "0.7"]) == 0
     return folder / "run"
 
@@ -69,28 +70,56 @@ def test_student_run_is_a_model_folder_that_names_its_teacher(student_run, teach
 
 
 def test_student_predicts(student_run):
+    import random
+
+    import torch
+    from helpers import WORDS
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    rng = random.Random(0)
+    reviews = [" ".join(rng.choices(WORDS, k=rng.randint(2, 12))) for _ in range(30)]
     result = subprocess.run(
         [sys.executable, "-m", "finetune", "predict", str(student_run)],
-        input="Broke after a day\nLove it\n",
+        input="".join(f"{review}\n" for review in reviews),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    labels = [line.split(",")[1] for line in result.stdout.strip().splitlines()[1:]]
-    assert len(labels) == 2 and set(labels) <= {"negative", "neutral", "positive"}
+    rows = list(csv.DictReader(result.stdout.splitlines()))
+    assert [row["text"] for row in rows] == reviews
+
+    # The student read by transformers alone, its classes named in the recipe's order (label_bins).
+    tokenizer = AutoTokenizer.from_pretrained(student_run)
+    model = AutoModelForSequenceClassification.from_pretrained(student_run).eval()
+    with torch.no_grad():
+        inputs = tokenizer(reviews, padding=True, truncation=True, max_length=64, return_tensors="pt")
+        expected = torch.softmax(model(**inputs).logits, dim=-1)
+    classes = ["negative", "neutral", "positive"]
+    expected_labels = [classes[index] for index in expected.argmax(-1).tolist()]
+    assert len(set(expected_labels)) >= 2, expected_labels  # answers that differ by review
+    assert [row["label"] for row in rows] == expected_labels
+    for row, probabilities in zip(rows, expected.tolist(), strict=True):
+        assert [float(row[f"prob_{name}"]) for name in classes] == pytest.approx(probabilities, abs=1e-5)
 
 
-def test_soft_labels_are_cached_and_reused(tmp_path, tiny_model_dir, teacher_run, soft_label_cache, capsys):
-    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "again", **QUICK)
+def test_soft_labels_are_cached_and_reused(tmp_path, tiny_model_dir, teacher_run, capsys, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FINETUNE_CACHE", str(cache))  # cold: nothing another test computed
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "first", **QUICK)
     assert main(["distill", str(teacher_run), str(recipe), "--max_steps", "1"]) == 0
     first = capsys.readouterr().err
-    again = ["distill", str(teacher_run), str(recipe), "--max_steps", "1", "--output_dir", str(tmp_path / "b")]
+    again = ["distill", str(teacher_run), str(recipe), "--max_steps", "1", "--output_dir", str(tmp_path / "second")]
     assert main(again) == 0
     second = capsys.readouterr().err
-    assert "computed in" in first or "read from the cache" in first
-    assert "teacher soft labels for 458 reviews read from the cache" in second
-    assert list((soft_label_cache / "soft-labels").glob("*.npy"))
+    (stored,) = (cache / "soft-labels").glob("*.npy")
+    assert "teacher soft labels for 458 reviews computed in " in first and f", cached in {stored}" in first
+    assert "read from the cache" not in first
+    assert f"teacher soft labels for 458 reviews read from the cache ({stored})" in second
+    assert "computed in" not in second
+    # What was read back is what was computed: the two students trained alike, to the bit.
+    weights = [(tmp_path / run / "model.safetensors").read_bytes() for run in ("first", "second")]
+    assert weights[0] == weights[1], "the student trained on soft labels read from the cache differs"
 
 
 def _refused(argv: list[str], capsys) -> str:
