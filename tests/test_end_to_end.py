@@ -25,6 +25,22 @@ def trained_run(tmp_path_factory, tiny_model_dir):
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def varied_run(tmp_path_factory, tiny_varied_model_dir):
+    """One quick epoch of a model whose answers differ by review (``trained_run`` answers one label for all)."""
+    folder = tmp_path_factory.mktemp("e2e-varied")
+    quick = {"num_train_epochs": 1, "eval_strategy": "no", "save_strategy": "no", "load_best_model_at_end": "false"}
+    recipe = tiny_recipe(folder, tiny_varied_model_dir, folder / "run", baseline="false", **quick)
+    assert main(["train", str(recipe)]) == 0
+    return folder / "run"
+
+
+def _safetensors(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
 def test_train_writes_a_standard_model_folder(trained_run):
     config = json.loads((trained_run / "config.json").read_text())
     assert [config["id2label"][str(index)] for index in range(3)] == CLASSES
@@ -43,26 +59,62 @@ def test_train_writes_a_standard_model_folder(trained_run):
     assert [entry["step"] for entry in state["log_history"] if "eval_macro_f1" in entry] == [15, 30]
 
 
-def test_pipeline_loads_the_output(trained_run):
-    from transformers import pipeline
+def test_pipeline_loads_the_output(varied_run):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
-    classify = pipeline("text-classification", model=str(trained_run), device="cpu")
-    predictions = classify(["Broke after two days, sent it back.", "Love it, works perfectly!"])
-    assert {prediction["label"] for prediction in predictions} <= set(CLASSES)
+    reviews = _test_reviews()[:40]
+    classify = pipeline("text-classification", model=str(varied_run), device="cpu")
+    predictions = classify(reviews, truncation=True, max_length=64)
+
+    # The folder read by transformers alone, its classes named in the recipe's order (label_bins).
+    tokenizer = AutoTokenizer.from_pretrained(varied_run)
+    model = AutoModelForSequenceClassification.from_pretrained(varied_run).eval()
+    with torch.no_grad():
+        inputs = tokenizer(reviews, padding=True, truncation=True, max_length=64, return_tensors="pt")
+        expected = torch.softmax(model(**inputs).logits, dim=-1)
+    labels = [CLASSES[index] for index in expected.argmax(-1).tolist()]
+    assert len(set(labels)) >= 2, labels  # answers that differ by review
+    assert [prediction["label"] for prediction in predictions] == labels
+    scores = [prediction["score"] for prediction in predictions]
+    assert scores == pytest.approx(expected.max(-1).values.tolist(), abs=1e-5)
+
+
+def _test_reviews() -> list[str]:
+    """The reviews of data/reviews/test.csv as the model reads them ('Title. Review'), read with the csv module."""
+    with (PROJECT / "data" / "reviews" / "test.csv").open(encoding="utf-8", newline="") as handle:
+        rows = [(row["title"].strip(), row["review"].strip()) for row in csv.DictReader(handle)]
+    return [f"{title}. {review}" if title else review for title, review in rows]
 
 
 def test_evaluate_scores_every_checkpoint_and_marks_the_best(trained_run, capsys):
+    import torch
+
     assert main(["evaluate", str(trained_run)]) == 0
     table = capsys.readouterr().out
     assert "checkpoint-15" in table and "checkpoint-30" in table and "| final |" in table
     reports = json.loads((trained_run / "evaluation_test.json").read_text())
     *models, baseline = reports
     assert [report["step"] for report in models] == [15, 30, None]
-    assert sum(report["best"] for report in models) == 1
-    best = max(models, key=lambda report: report["macro_f1"])
-    assert best["best"]
-    # The final model is the best checkpoint reloaded (load_best_model_at_end).
-    assert models[-1]["macro_f1"] == pytest.approx(best["macro_f1"])
+    # Marked: the first of the highest test macro-F1s.
+    scores = [report["macro_f1"] for report in models]
+    assert [report["best"] for report in models] == [index == scores.index(max(scores)) for index in range(3)]
+    best = models[scores.index(max(scores))]
+
+    # The final model is the best checkpoint by validation macro-F1 (the first of equals), reloaded
+    # (load_best_model_at_end): the same weights, so the same test scores.
+    state = json.loads((trained_run / "trainer_state.json").read_text())
+    validation = {entry["step"]: entry["eval_macro_f1"] for entry in state["log_history"] if "eval_macro_f1" in entry}
+    best_step = max(validation, key=lambda step: (validation[step], -step))
+    # Only a best before the last update shows the reload: the last checkpoint's weights are the final ones anyway.
+    assert best_step == 15, validation
+    final, chosen, last = (_safetensors(trained_run / name) for name in ("", "checkpoint-15", "checkpoint-30"))
+    assert final.keys() == chosen.keys()
+    assert [name for name in final if not torch.equal(final[name], chosen[name])] == []
+    assert not all(torch.equal(final[name], last[name]) for name in final)
+    by_step = {report["step"]: report for report in models}
+    for key in ("accuracy", "macro_f1", "confusion_matrix"):
+        assert by_step[None][key] == by_step[best_step][key], key
     # The TF-IDF baseline, fit on the run's train split, scored on the same test reviews.
     assert baseline["kind"] == "baseline" and "best" not in baseline
     assert baseline["num_samples"] == best["num_samples"] and baseline["train_reviews"] == 458
