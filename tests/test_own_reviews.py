@@ -47,6 +47,12 @@ def test_trains_without_a_recipe_and_writes_the_recipe_that_reproduces_it(own_ru
     assert again.training.output_dir == str(folder) and again.training.num_train_epochs == 1
     assert again.training.learning_rate == 8e-5 and again.training.class_weighting == "sqrt"
 
+    # Trained again from the recipe alone (into another folder): the same run, to the bit.
+    other = folder.parent / "again"
+    assert main(["train", str(recipe), "--output_dir", str(other)]) == 0
+    assert (other / "test_report.json").read_text() == (folder / "test_report.json").read_text()
+    assert (other / "model.safetensors").read_bytes() == (folder / "model.safetensors").read_bytes(), "weights differ"
+
 
 def test_a_data_file_where_the_recipe_goes_names_the_command(capsys):
     assert main(["train", str(TRAIN)]) == 2
