@@ -114,6 +114,7 @@ def _evaluate(options: argparse.Namespace, extra: list[str]) -> None:
         seed=options.seed,
         calibrate=options.calibrate,
         explain=not options.no_explain,
+        raw_csv=options.raw_csv,
     )
 
 
@@ -145,6 +146,7 @@ def _predict(options: argparse.Namespace, extra: list[str]) -> None:
         batch_size=options.batch_size,
         overwrite=options.overwrite,
         explain=options.explain,
+        raw_csv=options.raw_csv,
     )
 
 
@@ -348,6 +350,7 @@ def build_cli() -> argparse.ArgumentParser:
         action="store_true",
         help="leave the errors file's top_words empty (explaining takes a second or two per listed mistake on a CPU)",
     )
+    _add_raw_csv(evaluate, "the errors file's", "--data")
     evaluate.set_defaults(handler=_evaluate)
 
     baseline = commands.add_parser(
@@ -384,6 +387,7 @@ def build_cli() -> argparse.ArgumentParser:
     predict.add_argument(
         "--explain", action="store_true", help="add top_words: the words that pushed each review toward its label"
     )
+    _add_raw_csv(predict, "the output's", "--input")
     predict.set_defaults(handler=_predict)
 
     export = commands.add_parser(
@@ -501,6 +505,17 @@ def build_cli() -> argparse.ArgumentParser:
         handlers=(_model_list, _model_fetch),
     )
     return parser
+
+
+def _add_raw_csv(parser: argparse.ArgumentParser, written: str, read: str) -> None:
+    """The ``--raw_csv`` flag: CSV cells as they are, without the ``'`` that keeps a spreadsheet from running them."""
+    parser.add_argument(
+        "--raw_csv",
+        action="store_true",
+        help=f"write {written} CSV/TSV cells and read {read}'s as they are; by default a cell starting with "
+        "= + - @, a tab or a carriage return is written after a ' (so a spreadsheet shows it, not runs it) "
+        "and that ' is removed on reading",
+    )
 
 
 def _add_list_and_fetch(

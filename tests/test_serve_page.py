@@ -90,3 +90,29 @@ def test_drop_a_csv_and_download_the_results(page, page_url, tmp_path):
     assert [row["label"] for row in rows] == page.locator("tr.result td.label").all_inner_texts()
     for row in rows:
         assert abs(sum(float(row[f"prob_{name}"]) for name in CLASSES) - 1) < 1e-3
+
+
+def test_the_download_writes_no_formula_and_the_page_reads_it_back_whole(page, page_url, tmp_path):
+    # What a spreadsheet runs: each review is a formula (issue 48); the page guards them as predict does.
+    formulas = ['=HYPERLINK("http://example.com/x","click")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(1+1)"]
+    open_with_token(page, page_url)
+    page.fill("#reviews", "\n".join(formulas))
+    page.click("#run")
+    sync_api.expect(page.locator("tr.result")).to_have_count(4, timeout=60_000)
+    with page.expect_download() as download:
+        page.click("#download")
+    guarded = download.value.path().read_bytes()
+    cells = list(csv.reader(io.StringIO(guarded.decode("utf-8"), newline="")))
+    assert [row[0] for row in cells[1:]] == ["'" + text for text in formulas]
+    assert not [cell for row in cells for cell in row if cell.startswith(("=", "+", "-", "@", "\t", "\r"))]
+    # The file the page wrote, dropped on the page again: the reviews as they were typed.
+    page.fill("#reviews", "")
+    page.set_input_files("#file", files=[{"name": "back.csv", "mimeType": "text/csv", "buffer": guarded}])
+    sync_api.expect(page.locator("#file-note")).to_have_text('4 reviews from back.csv (column "review")')
+    assert page.input_value("#reviews").split("\n") == formulas
+    # The toggle: cells as they are, for a reader that is not a spreadsheet.
+    page.check("#raw-csv")
+    with page.expect_download() as download:
+        page.click("#download")
+    rows = list(csv.DictReader(io.StringIO(download.value.path().read_text(encoding="utf-8"))))
+    assert [row["review"] for row in rows] == formulas

@@ -24,6 +24,7 @@ def evaluate(
     seed: int = 0,
     calibrate: bool = False,
     explain: bool = True,
+    raw_csv: bool = False,
 ) -> list[dict[str, Any]]:
     """Score ``path`` (a model folder or a run folder) and print a table; returns one report per model.
 
@@ -35,7 +36,9 @@ def evaluate(
     gets the words behind its wrong label (a second or two a mistake on a CPU).
     With ``calibrate``, a temperature fitted on the run's
     validation split is folded into the folder's own model (see
-    :func:`calibrate_model`).
+    :func:`calibrate_model`). The errors file's cells that a spreadsheet would run
+    as a formula are written after a ``'``, and a ``data`` CSV loses that ``'``
+    on reading (:mod:`finetune.config.csv_cells`), unless ``raw_csv``.
 
     For a run folder every ``checkpoint-*`` is scored as well as the final
     model, and the best by macro-F1 is marked. The data is the run's
@@ -87,7 +90,7 @@ def evaluate(
             )
     # Checked before anything is scored or written: a refused calibration leaves the folder as it was.
     calibration_data = _calibration_data(models[-1], label_names) if calibrate else None
-    scoring = load_labelled_texts(models[0], data, split, label_names)
+    scoring = load_labelled_texts(models[0], data, split, label_names, raw_csv=raw_csv)
     # Each model is checked as it loads (check_model_folder): a broken one stops the command before any file is written.
     scored = [_score(model_dir, scoring, label_names, batch_size) for model_dir in models]
     if len(paths) > 1:
@@ -110,7 +113,7 @@ def evaluate(
     # own test-split results (evaluation_test.json, errors_test.csv, the pictures).
     scored_on = f"data-{Path(data).stem}" if data else split
     written = write_errors_and_calibration(
-        folder, scored_on, scoring, probabilities[best], label_names, reports[best], explain=explain
+        folder, scored_on, scoring, probabilities[best], label_names, reports[best], explain=explain, raw_csv=raw_csv
     )
     if calibrate:
         written.append(calibrate_model(models[-1], calibration_data, batch_size, probabilities[-1], scoring.labels))
@@ -230,10 +233,12 @@ def write_errors_and_calibration(
     label_names: list[str],
     best: dict[str, Any],
     explain: bool = True,
+    raw_csv: bool = False,
 ) -> list[Path]:
     """The best model's largest losses as ``errors_<scored_on>.csv`` and its reliability diagram; ECE into ``best``.
 
     With ``explain`` each listed mistake's ``top_words`` is filled; without, the column stays empty.
+    With ``raw_csv`` the errors file's cells are written as they are, formulas included.
     """
     from ..evaluation.calibration import calibration_table, expected_calibration_error
     from ..evaluation.errors import write_largest_losses
@@ -241,7 +246,9 @@ def write_errors_and_calibration(
 
     errors = folder / f"errors_{scored_on}.csv"
     explainer = _mistake_explainer(Path(best["model"]), scoring.encoding) if explain else None
-    write_largest_losses(errors, scoring.texts, scoring.labels, probabilities, label_names, explainer=explainer)
+    write_largest_losses(
+        errors, scoring.texts, scoring.labels, probabilities, label_names, explainer=explainer, raw_csv=raw_csv
+    )
     best["ece"] = expected_calibration_error(probabilities, scoring.labels)
     reliability = folder / f"reliability_{scored_on}.png"
     plot_reliability(
@@ -338,11 +345,14 @@ class ScoringData:
     train_labels: list[int] = field(default_factory=list)
 
 
-def load_labelled_texts(model_dir: Path, data: str | None, split: str, label_names: list[str]) -> ScoringData:
+def load_labelled_texts(
+    model_dir: Path, data: str | None, split: str, label_names: list[str], raw_csv: bool = False
+) -> ScoringData:
     """Texts and label ids to score ``model_dir`` on, read as its run's recipe says.
 
     The run's train split comes along when its data can be read (for a
-    ``--data`` file too), so the baseline can be fit on what the model saw.
+    ``--data`` file too), so the baseline can be fit on what the model saw. A
+    ``data`` CSV's cells lose the ``'`` that guards a formula, unless ``raw_csv``.
     """
     from ..config.arguments import DataArguments
     from ..data.splits import load_labelled_file
@@ -358,7 +368,7 @@ def load_labelled_texts(model_dir: Path, data: str | None, split: str, label_nam
     if data is not None:
         if not Path(data).is_file():
             raise FinetuneError(f"data file not found: {data}; check the path")
-        scored = load_labelled_file(Path(data), data_args, label_names)
+        scored = load_labelled_file(Path(data), data_args, label_names, unguard_csv=not raw_csv)
         scoring = ScoringData(list(scored["text"]), list(scored["labels"]), encoding)
         if run_config is not None:
             with contextlib.suppress(FinetuneError, OSError):

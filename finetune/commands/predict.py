@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from ..config.csv_cells import guard_cell, guard_row, unguard_row
 from ..errors import FinetuneError
 
 _TEXT_COLUMN_GUESSES = ("text", "review", "content", "body", "sentence")
@@ -45,6 +46,7 @@ def predict(
     batch_size: int = 32,
     overwrite: bool = False,
     explain: bool = False,
+    raw_csv: bool = False,
 ) -> int:
     """Classify reviews from ``input_path`` (CSV, TSV or JSONL; stdin lines when None or '-'); returns the count.
 
@@ -54,6 +56,10 @@ def predict(
     ``top_words`` column too: the words that pushed each review toward its
     label (:mod:`finetune.evaluation.explain`), as ``"word (score); ..."`` in
     CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL.
+
+    CSV and TSV cells that a spreadsheet would run as a formula are written
+    after a ``'``, and a CSV or TSV input loses that ``'`` again
+    (:mod:`finetune.config.csv_cells`); ``raw_csv`` writes and reads cells as they are.
     """
     from tqdm.auto import tqdm
 
@@ -93,9 +99,9 @@ def predict(
         )
     run_config = find_run_config(model_dir) or {}
     data_fields = run_config.get("data", {})
-    rows, input_format = _open_rows(input_path)
+    rows, input_format = _open_rows(input_path, raw_csv=raw_csv)
 
-    with _Output(output_path, input_format, replace=overwrite) as output, rows:
+    with _Output(output_path, input_format, replace=overwrite, raw_csv=raw_csv) as output, rows:
         batches = rows.batches()
         if not rows.is_stdin:
             # A file's first rows are read before the model loads, so a broken file costs no load;
@@ -251,8 +257,12 @@ def _input_waiting(handle: IO[str]) -> bool:
     return bool(ready)
 
 
-def _open_rows(input_path: str | None) -> tuple[_Rows, str]:
-    """The rows of ``input_path`` (stdin when None or '-') as a lazy reader, and the output format they suggest."""
+def _open_rows(input_path: str | None, raw_csv: bool = False) -> tuple[_Rows, str]:
+    """The rows of ``input_path`` (stdin when None or '-') as a lazy reader, and the output format they suggest.
+
+    A CSV or TSV file's cells lose the ``'`` that guards a formula (:mod:`finetune.config.csv_cells`),
+    unless ``raw_csv``.
+    """
     from ..config.text_files import file_encoding_problem
 
     if input_path in (None, "-"):
@@ -274,7 +284,8 @@ def _open_rows(input_path: str | None) -> tuple[_Rows, str]:
     if suffix in (".csv", ".tsv"):
         handle = path.open(newline="", encoding="utf-8-sig")
         delimiter = "\t" if suffix == ".tsv" else ","
-        return _Rows(_csv_rows(handle, input_path, delimiter), handle, False), suffix.lstrip(".")
+        rows = _csv_rows(handle, input_path, delimiter)
+        return _Rows(rows if raw_csv else map(unguard_row, rows), handle, False), suffix.lstrip(".")
     # utf-8-sig: a byte-order mark (Windows editors write one) is read past, as for CSV and TSV.
     handle = path.open(encoding="utf-8-sig")
     return _Rows(_jsonl_rows(handle, input_path), handle, False), "jsonl"
@@ -400,11 +411,14 @@ def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | N
 class _Output:
     """Where predictions go, opened before the model loads; a file is written whole or not at all (output_file)."""
 
-    def __init__(self, output_path: str | None, input_format: str, replace: bool = False) -> None:
+    def __init__(
+        self, output_path: str | None, input_format: str, replace: bool = False, raw_csv: bool = False
+    ) -> None:
         from ..config.output_files import OUTPUT_FLAG, output_file
 
         self.path = Path(output_path) if output_path else None
         self.writer: csv.DictWriter | None = None
+        self.raw_csv = raw_csv
         if self.path is None:
             self.format, self.handle, self.file = "csv", sys.stdout, None
             return
@@ -431,8 +445,10 @@ class _Output:
                     extrasaction="ignore",
                     delimiter="\t" if self.format == "tsv" else ",",
                 )
-                self.writer.writeheader()
-            self.writer.writerows(results)
+                # Column names come from the input's header: user text, guarded like any cell.
+                names = list(results[0])
+                self.writer.writerow(dict(zip(names, names if self.raw_csv else map(guard_cell, names))))
+            self.writer.writerows(results if self.raw_csv else map(guard_row, results))
         self.handle.flush()
 
     def __exit__(self, error_type: type[BaseException] | None, error: BaseException | None, traceback: Any) -> None:

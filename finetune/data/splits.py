@@ -20,6 +20,7 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from ..config.arguments import DataArguments
+from ..config.csv_cells import unguard_columns
 from ..errors import FinetuneError
 from .cleaning import clean_texts
 from .encoding import ReviewEncoding, encode_reviews
@@ -157,17 +158,29 @@ def _refuse_absent_classes(train_counts: dict[str, int], origin: str) -> None:
         )
 
 
-def load_labelled_file(path: Path, data_args: DataArguments, label_names: list[str]) -> datasets.Dataset:
+def load_labelled_file(
+    path: Path, data_args: DataArguments, label_names: list[str], unguard_csv: bool = True
+) -> datasets.Dataset:
     """One labelled file as ``{"text", "labels"}`` rows, for scoring a trained model (bad rows dropped).
 
-    The title column is optional here: a file without it is scored on review bodies.
+    The title column is optional here: a file without it is scored on review bodies. With
+    ``unguard_csv``, a CSV or TSV (such as one ``finetune predict`` wrote) loses the ``'``
+    that keeps a spreadsheet from running a cell as a formula (:mod:`finetune.config.csv_cells`).
     """
-    rows = _read_labelled_file(path, "test", str(path), data_args, label_names, scoring_a_run=True)
+    rows = _read_labelled_file(
+        path, "test", str(path), data_args, label_names, scoring_a_run=True, unguard_csv=unguard_csv
+    )
     return rows.remove_columns("title")
 
 
 def _read_labelled_file(
-    path: Path, split: str, origin: str, data_args: DataArguments, label_names: list[str], scoring_a_run: bool = False
+    path: Path,
+    split: str,
+    origin: str,
+    data_args: DataArguments,
+    label_names: list[str],
+    scoring_a_run: bool = False,
+    unguard_csv: bool = False,
 ) -> datasets.Dataset:
     """One labelled file read as ``split``: ``{"text", "labels", "title"}`` rows, bad rows dropped and said.
 
@@ -175,6 +188,9 @@ def _read_labelled_file(
     names the file in errors and in the line saying what was dropped.
     """
     raw = read_files({split: path})
+    if unguard_csv and path.suffix.lower() in (".csv", ".tsv"):
+        with progress_bars(len(raw.tables[split]) >= ROWS_WORTH_A_BAR):
+            raw.tables[split] = raw.tables[split].map(unguard_columns, batched=True, desc="Reading guarded cells")
     table = raw.tables[split]
     if data_args.title_column and data_args.title_column not in table.column_names:
         data_args = dataclasses.replace(data_args, title_column=None)

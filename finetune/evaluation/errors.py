@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config.csv_cells import guard_row
 from ..config.output_files import output_file
 
 LARGEST_LOSSES = 50
@@ -53,6 +54,7 @@ def write_largest_losses(
     label_names: Sequence[str],
     count: int = LARGEST_LOSSES,
     explainer: Explainer | None = None,
+    raw_csv: bool = False,
 ) -> Path:
     """Write :func:`largest_losses` as CSV (``ERROR_COLUMNS``).
 
@@ -60,6 +62,9 @@ def write_largest_losses(
     not the true one) gets the words that pushed the model toward its wrong
     label in ``top_words``; rows it got right are left empty, so the cost is
     that of explaining at most ``count`` reviews.
+
+    Review text and every other text cell that a spreadsheet would run as a
+    formula is written after a ``'`` (:mod:`finetune.config.csv_cells`), unless ``raw_csv``.
     """
     import pandas as pd
 
@@ -71,6 +76,8 @@ def write_largest_losses(
         for row in rows:
             if row["predicted"] != row["true"]:
                 row["top_words"] = next(cells)
+    if not raw_csv:
+        rows = [guard_row(row) for row in rows]
     with output_file(path) as handle:
         pd.DataFrame(rows, columns=ERROR_COLUMNS).to_csv(handle, index=False)
     return path

@@ -15,7 +15,11 @@ const els = {
   token: document.getElementById("token"),
   output: document.getElementById("output"),
   body: document.querySelector("#results tbody"),
+  rawCsv: document.getElementById("raw-csv"),
 };
+// A spreadsheet runs a cell starting with these as a formula; such a cell is written after a ' (OWASP),
+// and read back without it, as finetune/config/csv_cells.py does for `finetune predict`.
+const FORMULA_STARTS = ["=", "+", "-", "@", "\t", "\r"];
 let classes = [];
 let maxReviews = 64; // per request; /info gives the server's limit
 let results = [];
@@ -69,9 +73,18 @@ function parseDelimited(text, delimiter) {
   return rows.filter((r) => r.some((value) => value.trim() !== ""));
 }
 
+// Whether a cell starts a formula, counting one behind leading quotes (so a review's own '=x keeps its quote).
+function needsGuard(text) {
+  return FORMULA_STARTS.includes(text.replace(/^'+/, "").charAt(0));
+}
+
+function unguard(cell) {
+  return !els.rawCsv.checked && cell.startsWith("'") && needsGuard(cell.slice(1)) ? cell.slice(1) : cell;
+}
+
 async function readFile(file) {
   const text = (await file.text()).replace(/^\ufeff/, "");
-  const rows = parseDelimited(text, /\.tsv$/i.test(file.name) ? "\t" : ",");
+  const rows = parseDelimited(text, /\.tsv$/i.test(file.name) ? "\t" : ",").map((r) => r.map(unguard));
   if (rows.length < 2) { setStatus(`${file.name} has no rows under its header`, true); return; }
   const header = rows[0].map((name) => name.trim());
   let column = header.findIndex((name) => TEXT_COLUMNS.includes(name.toLowerCase()));
@@ -178,7 +191,9 @@ function render() {
 }
 
 function csvField(value) {
-  const text = String(value ?? "");
+  let text = String(value ?? "");
+  // Text only: the probabilities are numbers, written as numbers.
+  if (typeof value === "string" && !els.rawCsv.checked && needsGuard(text)) text = "'" + text;
   return /[",\n\r]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
 }
 
