@@ -15,9 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +26,8 @@ import numpy as np
 from ..errors import FinetuneError
 
 UNLABELED_FORMATS = (".csv", ".tsv", ".jsonl", ".json")
+# The files of a model folder that make its tokenizer (vocab.txt, tokenizer.json, spm.model, ...).
+TOKENIZER_FILES = ("tokenizer", "vocab", "special_tokens_map", "spm", "sentencepiece", "merges", "added_tokens")
 
 
 @dataclass
@@ -107,28 +107,54 @@ class TeacherRun:
                     digest.update(block)
         return digest.hexdigest()
 
+    @functools.cached_property
+    def tokenizer_fingerprint(self) -> str:
+        """SHA-256 of the teacher's tokenizer files: another vocabulary reads the same texts as other tokens."""
+        digest = hashlib.sha256()
+        for path in sorted(self.folder.iterdir()):
+            if path.is_file() and path.name.startswith(TOKENIZER_FILES):
+                digest.update(path.name.encode())
+                digest.update(path.read_bytes())
+        return digest.hexdigest()
+
     def soft_labels(self, texts: list[str], batch_size: int, cache_dir: Path | None) -> tuple[np.ndarray, str]:
         """The teacher's log-probabilities for ``texts`` (one row each), from the cache or computed once.
 
-        Returns them and a one-line note of where they came from.
+        The cache's key is everything the values depend on: the teacher's
+        weights and tokenizer, how reviews are encoded, and the texts
+        (:mod:`finetune.data.array_cache`); a cached array that is not the one
+        stored (changed, cut short, unreadable) is computed again. Returns the
+        values and a one-line note of where they came from.
         """
+        from ..data.array_cache import ArrayCache, cache_key
         from ..data.encoding import ReviewEncoding
 
         encoding = ReviewEncoding.from_fields(self.encoding_fields)
-        key = hashlib.sha256(
-            json.dumps({"teacher": self.fingerprint, "encoding": encoding.__dict__, "texts": texts}).encode()
-        ).hexdigest()[:32]
-        cached = cache_dir / f"{key}.npy" if cache_dir is not None else None
-        if cached is not None and cached.is_file():
-            values = np.load(cached)
-            if values.shape == (len(texts), len(self.class_names)) and np.isfinite(values).all():
-                return values, f"teacher soft labels for {len(texts)} reviews read from the cache ({cached})"
+        key = cache_key(
+            kind="teacher log-probabilities, clipped at 1e-12",
+            teacher=self.fingerprint,
+            tokenizer=self.tokenizer_fingerprint,
+            encoding=encoding.__dict__,
+            texts=texts,
+        )
+        cache = ArrayCache(cache_dir) if cache_dir is not None else None
+        what = f"teacher soft labels for {len(texts)} reviews"
+        why_not = None
+        if cache is not None:
+            values, why_not = cache.read(key, (len(texts), len(self.class_names)))
+            if values is not None:
+                return values, f"{what} read from the cache ({cache.path(key)})"
         started = time.perf_counter()
         values = self._compute(texts, batch_size, encoding)
-        note = f"teacher soft labels for {len(texts)} reviews computed in {time.perf_counter() - started:.0f}s"
-        if cached is not None:
-            note += _store(cached, values)
-        return values, note
+        note = f"{what} computed in {time.perf_counter() - started:.0f}s"
+        if cache is None:
+            return values, note
+        if why_not is not None:
+            # Never trained on: a cached copy that fails a check is named, with why, and replaced.
+            note = note.replace(" computed in ", " computed again in ") + f", as the cached copy {why_not}"
+        # A cache that cannot be written costs the next student a recomputation, not this run.
+        not_stored = cache.write(key, values)
+        return values, note + (f" (not cached: {not_stored})" if not_stored else f"; cached in {cache.path(key)}")
 
     def _compute(self, texts: list[str], batch_size: int, encoding: Any) -> np.ndarray:
         from transformers import AutoTokenizer
@@ -276,24 +302,6 @@ def _soft_label_cache() -> Path | None:
     except (OSError, FinetuneError):
         return None
     return folder
-
-
-def _store(path: Path, values: np.ndarray) -> str:
-    """Write ``values`` to ``path`` whole or not at all; the note says where (or why not)."""
-    temporary = None
-    try:
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.stem}.", suffix=".npy", delete=False) as out:
-            temporary = Path(out.name)
-            np.save(out, values)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except OSError as error:
-        # A cache that cannot be written costs the next student a recomputation, not this run.
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
-        return f" (not cached: {error.strerror or error})"
-    return f", cached in {path}"
 
 
 def _print_comparison(teacher: TeacherRun, metrics: dict[str, Any]) -> None:
