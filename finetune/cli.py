@@ -147,6 +147,7 @@ def _predict(options: argparse.Namespace, extra: list[str]) -> None:
         overwrite=options.overwrite,
         explain=options.explain,
         raw_csv=options.raw_csv,
+        on_bad_text=options.on_bad_text,
     )
 
 
@@ -180,6 +181,7 @@ def _serve(options: argparse.Namespace, extra: list[str]) -> None:
         max_wait_ms=options.max_wait_ms,
         access_log=options.access_log,
         threads=options.threads,
+        on_bad_text=options.on_bad_text,
     )
 
 
@@ -388,6 +390,7 @@ def build_cli() -> argparse.ArgumentParser:
         "--explain", action="store_true", help="add top_words: the words that pushed each review toward its label"
     )
     _add_raw_csv(predict, "the output's", "--input")
+    _add_on_bad_text(predict, "a JSON Lines row", "refused naming its line")
     predict.set_defaults(handler=_predict)
 
     export = commands.add_parser(
@@ -462,6 +465,7 @@ def build_cli() -> argparse.ArgumentParser:
         "--threads", type=positive_int, help="torch threads for the model (default: one per core; 1 on a busy machine)"
     )
     serve.add_argument("--access_log", action="store_true", help="log every request on stderr")
+    _add_on_bad_text(serve, "a review", "answered 422 naming its index")
     serve.set_defaults(handler=_serve)
 
     bench = commands.add_parser(
@@ -505,6 +509,19 @@ def build_cli() -> argparse.ArgumentParser:
         handlers=(_model_list, _model_fetch),
     )
     return parser
+
+
+def _add_on_bad_text(parser: argparse.ArgumentParser, what: str, refused: str) -> None:
+    """The ``--on_bad_text`` flag: what to do with text that is not Unicode (a lone surrogate)."""
+    from .data.bad_text import ON_BAD_TEXT
+
+    parser.add_argument(
+        "--on_bad_text",
+        choices=ON_BAD_TEXT,
+        default="refuse",
+        help=f"{what} holding text that is not Unicode (a lone surrogate such as \\ud800, which the tokenizer "
+        f"cannot encode) is {refused} (refuse, the default) or read with U+FFFD in its place (replace)",
+    )
 
 
 def _add_raw_csv(parser: argparse.ArgumentParser, written: str, read: str) -> None:

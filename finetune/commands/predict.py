@@ -16,6 +16,7 @@ import io
 import itertools
 import json
 import os
+import re
 import select
 import sys
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..config.csv_cells import guard_cell, guard_row, unguard_row
+from ..data.bad_text import ON_BAD_TEXT, find_bad_text, repair_value
 from ..errors import FinetuneError
 
 _TEXT_COLUMN_GUESSES = ("text", "review", "content", "body", "sentence")
@@ -34,6 +36,8 @@ READ_ROWS = 1024
 MAX_REVIEW_CHARS = 100_000
 # What --output's extension asks for; with no extension, the input's format.
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
+# A JSON escape of a surrogate code unit (\ud800-\udfff): how a lone surrogate gets into a UTF-8 file.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 # --output names that mean standard output.
 STDOUT_NAMES = ("-", "/dev/stdout")
 
@@ -47,6 +51,7 @@ def predict(
     overwrite: bool = False,
     explain: bool = False,
     raw_csv: bool = False,
+    on_bad_text: str = "refuse",
 ) -> int:
     """Classify reviews from ``input_path`` (CSV, TSV or JSONL; stdin lines when None or '-'); returns the count.
 
@@ -60,6 +65,11 @@ def predict(
     CSV and TSV cells that a spreadsheet would run as a formula are written
     after a ``'``, and a CSV or TSV input loses that ``'`` again
     (:mod:`finetune.config.csv_cells`); ``raw_csv`` writes and reads cells as they are.
+
+    A JSON Lines row holding text that is not Unicode (a lone surrogate, which
+    the tokenizer cannot encode) is refused naming its line, before anything
+    is written; with ``on_bad_text="replace"`` it is read with U+FFFD in its
+    place (:mod:`finetune.data.bad_text`).
     """
     from tqdm.auto import tqdm
 
@@ -75,6 +85,8 @@ def predict(
 
     # Every check before the model loads: a mistake costs a second, not an inference.
     check_batch_size(batch_size)
+    if on_bad_text not in ON_BAD_TEXT:
+        raise FinetuneError(f"--on_bad_text must be one of {', '.join(ON_BAD_TEXT)} (got {on_bad_text!r})")
     model_dir = Path(model_path)
     if explain and model_dir.is_dir():
         from ..evaluation.explain import require_explainable_folder
@@ -99,7 +111,7 @@ def predict(
         )
     run_config = find_run_config(model_dir) or {}
     data_fields = run_config.get("data", {})
-    rows, input_format = _open_rows(input_path, raw_csv=raw_csv)
+    rows, input_format = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
 
     with _Output(output_path, input_format, replace=overwrite, raw_csv=raw_csv) as output, rows:
         batches = rows.batches()
@@ -142,6 +154,14 @@ def predict(
             raise FinetuneError("no reviews on stdin; pipe one review per line or pass --input FILE")
         if count == 0:
             raise FinetuneError(f"{input_path} has no rows; give it at least one review")
+    if rows.repaired_lines:
+        shown = ", ".join(map(str, rows.repaired_lines[:10])) + (", ..." if len(rows.repaired_lines) > 10 else "")
+        print(
+            f"note: {len(rows.repaired_lines)} review{'s' if len(rows.repaired_lines) > 1 else ''} held text that is "
+            f"not Unicode (line{'s' if len(rows.repaired_lines) > 1 else ''} {shown}), read with U+FFFD in its place "
+            "(--on_bad_text replace)",
+            file=sys.stderr,
+        )
     if empty_reviews:
         shown = ", ".join(map(str, empty_reviews[:10])) + (", ..." if len(empty_reviews) > 10 else "")
         print(
@@ -221,10 +241,14 @@ def _add_top_words(
 class _Rows:
     """The input's rows, handed out in batches; a context manager that closes the file."""
 
-    def __init__(self, rows: Iterator[dict[str, Any]], handle: IO[str], is_stdin: bool) -> None:
+    def __init__(
+        self, rows: Iterator[dict[str, Any]], handle: IO[str], is_stdin: bool, repaired_lines: list[int] | None = None
+    ) -> None:
         self.rows = rows
         self.handle = handle
         self.is_stdin = is_stdin
+        # The lines whose text was read with U+FFFD in place of what is not Unicode (--on_bad_text replace).
+        self.repaired_lines = repaired_lines if repaired_lines is not None else []
 
     def __enter__(self) -> _Rows:
         return self
@@ -257,7 +281,7 @@ def _input_waiting(handle: IO[str]) -> bool:
     return bool(ready)
 
 
-def _open_rows(input_path: str | None, raw_csv: bool = False) -> tuple[_Rows, str]:
+def _open_rows(input_path: str | None, raw_csv: bool = False, on_bad_text: str = "refuse") -> tuple[_Rows, str]:
     """The rows of ``input_path`` (stdin when None or '-') as a lazy reader, and the output format they suggest.
 
     A CSV or TSV file's cells lose the ``'`` that guards a formula (:mod:`finetune.config.csv_cells`),
@@ -286,9 +310,33 @@ def _open_rows(input_path: str | None, raw_csv: bool = False) -> tuple[_Rows, st
         delimiter = "\t" if suffix == ".tsv" else ","
         rows = _csv_rows(handle, input_path, delimiter)
         return _Rows(rows if raw_csv else map(unguard_row, rows), handle, False), suffix.lstrip(".")
+    if on_bad_text == "refuse":
+        _refuse_bad_text_before_reading(path, input_path)
     # utf-8-sig: a byte-order mark (Windows editors write one) is read past, as for CSV and TSV.
     handle = path.open(encoding="utf-8-sig")
-    return _Rows(_jsonl_rows(handle, input_path), handle, False), "jsonl"
+    repaired: list[int] = []
+    return _Rows(_jsonl_rows(handle, input_path, on_bad_text, repaired), handle, False, repaired), "jsonl"
+
+
+def _refuse_bad_text_before_reading(path: Path, input_path: str) -> None:
+    """Refuse a JSON Lines file holding a lone surrogate before the model loads, so nothing is written.
+
+    A file decoded as UTF-8 holds one only as a JSON escape (``\\ud800``): the
+    bytes are searched for such an escape (a pass like the encoding check's),
+    and only a file that has one is read through as JSON.
+    """
+    with path.open("rb") as handle:
+        tail = b""
+        while True:
+            chunk = handle.read(1 << 20)
+            if not chunk:
+                return
+            if _SURROGATE_ESCAPE.search(tail + chunk):
+                break
+            tail = chunk[-5:]  # an escape cut by the chunk's end
+    with path.open(encoding="utf-8-sig") as handle:
+        for _ in _jsonl_rows(handle, input_path, "refuse", []):
+            pass
 
 
 def _stdin_rows(handle: IO[str]) -> Iterator[dict[str, Any]]:
@@ -367,7 +415,13 @@ def _csv_rows(handle: IO[str], input_path: str, delimiter: str) -> Iterator[dict
         csv.field_size_limit(limit)
 
 
-def _jsonl_rows(handle: IO[str], input_path: str) -> Iterator[dict[str, Any]]:
+def _jsonl_rows(
+    handle: IO[str], input_path: str, on_bad_text: str = "refuse", repaired: list[int] | None = None
+) -> Iterator[dict[str, Any]]:
+    """The objects of a JSON Lines file; one holding text that is not Unicode is refused or repaired (``on_bad_text``).
+
+    The line numbers of repaired rows are added to ``repaired``.
+    """
     for line_number, line in enumerate(_capped_lines(handle, input_path), start=1):
         if not line.strip():
             continue
@@ -377,6 +431,17 @@ def _jsonl_rows(handle: IO[str], input_path: str) -> Iterator[dict[str, Any]]:
             raise FinetuneError(f"{input_path} is not JSON Lines (line {line_number}); write one object per line")
         if not isinstance(row, dict):
             raise FinetuneError(f"{input_path} line {line_number} is not a JSON object; write one object per line")
+        bad = find_bad_text(row, "")
+        if bad is not None and on_bad_text == "replace":
+            row = repair_value(row)
+            if repaired is not None:
+                repaired.append(line_number)
+        elif bad is not None:
+            where, problem = bad
+            raise FinetuneError(
+                f"{input_path} line {line_number}: '{where}' {problem}; fix that line (often an emoji cut in half), "
+                "or pass --on_bad_text replace to read it as U+FFFD"
+            )
         yield row
 
 

@@ -32,6 +32,7 @@ def serve(
     max_wait_ms: float = 5.0,
     access_log: bool = False,
     threads: int | None = None,
+    on_bad_text: str = "refuse",
 ) -> None:
     """Serve the model in ``model_path`` (a run, checkpoint or int8 export folder) until SIGTERM or Ctrl-C.
 
@@ -39,6 +40,8 @@ def serve(
     ``/explain`` and ``/info`` answer only requests with ``Authorization:
     Bearer TOKEN``. ``port`` 0 takes a free port; the address is printed
     on stderr either way. ``threads`` sets torch's threads (default: one per core).
+    ``on_bad_text`` is what becomes of a review holding text that is not
+    Unicode: a 422 (``refuse``) or U+FFFD in its place (``replace``).
     """
     try:
         import uvicorn
@@ -72,6 +75,7 @@ def serve(
         ServeLimits(max_body_bytes=max_body_bytes, max_reviews=max_reviews, max_review_chars=max_review_chars),
         BatchSettings(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms),
         token=token.strip() if token else None,
+        on_bad_text=on_bad_text,
     )
     bound_host, bound_port = listener.getsockname()[:2]
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..data.bad_text import describe_bad_text, first_bad_character, repair_text
 from ..errors import FinetuneError
 from .batching import Batcher
 from .model import ServedModel
@@ -128,8 +129,13 @@ def create_app(
     limits: ServeLimits | None = None,
     batching: BatchSettings | None = None,
     token: str | None = None,
+    on_bad_text: str = "refuse",
 ) -> FastAPI:
-    """The ASGI app serving ``served``; with ``token``, the routes in ``PROTECTED`` need ``Authorization: Bearer``."""
+    """The ASGI app serving ``served``; with ``token``, the routes in ``PROTECTED`` need ``Authorization: Bearer``.
+
+    A review holding text that is not Unicode (a lone surrogate) gets a 422
+    naming its index, or with ``on_bad_text="replace"`` is read with U+FFFD in its place.
+    """
     limits = limits or ServeLimits()
     batching = batching or BatchSettings()
     # One thread runs the model: torch already spreads one call over the cores, and two calls would fight for them.
@@ -207,7 +213,7 @@ def create_app(
     )
     async def predict(request: Request) -> dict[str, Any]:
         check_token(request)
-        body = await _read_body(request, ReviewsRequest, limits)
+        body = await _read_body(request, ReviewsRequest, limits, on_bad_text)
         texts = _model_inputs(served, body.reviews)
         return {"results": await predictions.submit(texts)}
 
@@ -219,7 +225,7 @@ def create_app(
     )
     async def explain(request: Request) -> dict[str, Any]:
         check_token(request)
-        body = await _read_body(request, ExplainRequest, limits)
+        body = await _read_body(request, ExplainRequest, limits, on_bad_text)
         if served.why_not_explainable:
             raise RequestProblem(501, served.why_not_explainable)
         texts = _model_inputs(served, body.reviews)
@@ -249,8 +255,11 @@ def _request_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
-async def _read_body(request: Request, model: type[BaseModel], limits: ServeLimits) -> Any:
-    """The JSON body checked against ``model`` and ``limits``; a :class:`RequestProblem` says what is wrong."""
+async def _read_body(request: Request, model: type[BaseModel], limits: ServeLimits, on_bad_text: str = "refuse") -> Any:
+    """The JSON body checked against ``model`` and ``limits``; a :class:`RequestProblem` says what is wrong.
+
+    A review holding a lone surrogate is refused (422), or repaired with ``on_bad_text="replace"``.
+    """
     raw = await request.body()
     if not raw.strip():
         raise RequestProblem(400, f"the body is empty; send JSON such as {EXAMPLE_BODY}")
@@ -287,6 +296,16 @@ async def _read_body(request: Request, model: type[BaseModel], limits: ServeLimi
                 413,
                 f"reviews[{index}] has {len(review):,} characters, more than the limit of "
                 f"{limits.max_review_chars:,}; shorten it, or start the server with a larger --max_review_chars",
+            )
+    if on_bad_text == "replace":
+        body.reviews = [repair_text(review) for review in body.reviews]
+    for index, review in enumerate(body.reviews):
+        # JSON may escape half of a surrogate pair; the tokenizer cannot encode it (once a 500).
+        if first_bad_character(review) is not None:
+            raise RequestProblem(
+                422,
+                f"reviews[{index}] {describe_bad_text(review)}; send UTF-8 text (a \\ud800-\\udbff escape must be "
+                "followed by a \\udc00-\\udfff one, as in an emoji)",
             )
     return body
 
