@@ -35,7 +35,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import FinetuneError, TrainingInterrupted
+from .errors import FinetuneError, StoppedBySignal
 
 
 def _train(options: argparse.Namespace, extra: list[str]) -> None:
@@ -581,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FinetuneError as error:
         _say_on_stderr(f"error: {error}")
         return 2
-    except TrainingInterrupted as stop:
+    except StoppedBySignal as stop:
         _say_on_stderr(str(stop))
         return stop.exit_status
     except KeyboardInterrupt:

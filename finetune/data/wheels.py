@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from ..errors import FinetuneError
+from .child_process import run_python_module
 
 _CHUNK = 1 << 20
 # A fetch's temporary folder younger than this is left alone even before its owner has locked it.
@@ -131,17 +132,27 @@ def remove_stale_work_folders(root: Path, min_age_seconds: float = _STALE_AFTER_
         os.close(descriptor)
 
 
-def download_wheel(package: str, version: str, into: Path, find_links: str | None, fixes: str) -> Path:
+def download_wheel(
+    package: str, version: str, into: Path, find_links: str | None, fixes: str, what: str | None = None
+) -> Path:
     """Download ``package==version`` as one wheel into ``into`` and return its path.
 
-    ``fixes`` ends the error message: what the user can do instead.
+    ``fixes`` ends the error message: what the user can do instead. pip runs
+    in its own process group and ends with this process: a SIGTERM while it
+    downloads ends pip, then raises :class:`~finetune.errors.StoppedBySignal`
+    naming ``what`` is being fetched (default: the package), so the caller's
+    work folder is removed with no pip writing into it.
     """
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
-    command += ["--disable-pip-version-check", "--no-input", "--quiet"]
-    command += [f"{package}=={version}", "-d", str(into)]
+    arguments = ["download", "--no-deps", "--only-binary", ":all:"]
+    arguments += ["--disable-pip-version-check", "--no-input", "--quiet"]
+    arguments += [f"{package}=={version}", "-d", str(into)]
     if find_links is not None:
-        command += ["--no-index", "--find-links", str(Path(find_links).resolve())]
-    result = subprocess.run(command, capture_output=True, text=True)
+        arguments += ["--no-index", "--find-links", str(Path(find_links).resolve())]
+    stopped = (
+        f"fetching {what or f'{package}=={version}'}: the download was ended and nothing was cached; "
+        "run the command again to fetch it"
+    )
+    result = run_python_module("pip", arguments, stopped)
     wheels = sorted(into.glob("*.whl")) if into.is_dir() else []
     if result.returncode != 0 or len(wheels) != 1:
         raise FinetuneError(f"pip could not download {package}=={version}: {_last_error_line(result)}; {fixes}")

