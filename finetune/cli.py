@@ -182,6 +182,11 @@ def _serve(options: argparse.Namespace, extra: list[str]) -> None:
         access_log=options.access_log,
         threads=options.threads,
         on_bad_text=options.on_bad_text,
+        header_timeout=options.header_timeout,
+        body_timeout=options.body_timeout,
+        keep_alive_timeout=options.keep_alive_timeout,
+        max_connections=options.max_connections,
+        reload_on_change=options.reload_on_change,
     )
 
 
@@ -266,6 +271,17 @@ def port_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be 0-65535 (got {value})")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0 (a timeout of 0 or NaN would close every connection, or none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0 (got {text})")
     return value
 
 
@@ -466,6 +482,35 @@ def build_cli() -> argparse.ArgumentParser:
     )
     serve.add_argument("--access_log", action="store_true", help="log every request on stderr")
     _add_on_bad_text(serve, "a review", "answered 422 naming its index")
+    serve.add_argument(
+        "--header_timeout",
+        type=positive_seconds,
+        default=10.0,
+        help="seconds a connection has to send a request's headers; then 408 and closed (default: 10)",
+    )
+    serve.add_argument(
+        "--body_timeout",
+        type=positive_seconds,
+        default=30.0,
+        help="seconds a request has to send its body once its headers are in; then 408 and closed (default: 30)",
+    )
+    serve.add_argument(
+        "--keep_alive_timeout",
+        type=positive_seconds,
+        default=5.0,
+        help="seconds an idle connection is kept open after an answer (default: 5)",
+    )
+    serve.add_argument(
+        "--max_connections",
+        type=positive_int,
+        default=256,
+        help="most connections open at once; one more gets 503 and is closed (default: 256)",
+    )
+    serve.add_argument(
+        "--reload_on_change",
+        action="store_true",
+        help="load the model again when its files change on disk (default: keep serving it, and warn)",
+    )
     serve.set_defaults(handler=_serve)
 
     bench = commands.add_parser(

@@ -26,8 +26,6 @@ import numpy as np
 from ..errors import FinetuneError
 
 UNLABELED_FORMATS = (".csv", ".tsv", ".jsonl", ".json")
-# The files of a model folder that make its tokenizer (vocab.txt, tokenizer.json, spm.model, ...).
-TOKENIZER_FILES = ("tokenizer", "vocab", "special_tokens_map", "spm", "sentencepiece", "merges", "added_tokens")
 
 
 @dataclass
@@ -110,9 +108,11 @@ class TeacherRun:
     @functools.cached_property
     def tokenizer_fingerprint(self) -> str:
         """SHA-256 of the teacher's tokenizer files: another vocabulary reads the same texts as other tokens."""
+        from ..training.runs import TOKENIZER_FILE_PREFIXES, model_files
+
         digest = hashlib.sha256()
-        for path in sorted(self.folder.iterdir()):
-            if path.is_file() and path.name.startswith(TOKENIZER_FILES):
+        for path in model_files(self.folder):
+            if path.name.startswith(TOKENIZER_FILE_PREFIXES):
                 digest.update(path.name.encode())
                 digest.update(path.read_bytes())
         return digest.hexdigest()

@@ -33,6 +33,11 @@ def serve(
     access_log: bool = False,
     threads: int | None = None,
     on_bad_text: str = "refuse",
+    header_timeout: float = 10.0,
+    body_timeout: float = 30.0,
+    keep_alive_timeout: float = 5.0,
+    max_connections: int = 256,
+    reload_on_change: bool = False,
 ) -> None:
     """Serve the model in ``model_path`` (a run, checkpoint or int8 export folder) until SIGTERM or Ctrl-C.
 
@@ -42,6 +47,13 @@ def serve(
     on stderr either way. ``threads`` sets torch's threads (default: one per core).
     ``on_bad_text`` is what becomes of a review holding text that is not
     Unicode: a 422 (``refuse``) or U+FFFD in its place (``replace``).
+
+    A connection must send a request's headers within ``header_timeout``
+    seconds and its body within ``body_timeout`` more, and is closed after
+    ``keep_alive_timeout`` seconds idle; past ``max_connections`` open at
+    once, a new one gets a 503 (:mod:`finetune.serve.connections`). When the
+    model's files change on disk the log and ``/info`` say so; with
+    ``reload_on_change`` the model is loaded again (:mod:`finetune.serve.watch`).
     """
     try:
         import uvicorn
@@ -50,6 +62,7 @@ def serve(
             "finetune serve needs FastAPI and uvicorn; install them with: pip install 'finetune[serve]'"
         )
     from ..serve.app import TOKEN_ENV, BatchSettings, ServeLimits, create_app
+    from ..serve.connections import ConnectionLimits, guarded_protocol
     from ..serve.model import load_served_model, require_served_folder
 
     # Every check before the model loads: a mistake costs a second, not a load.
@@ -60,6 +73,15 @@ def serve(
         raise FinetuneError(f"--max_wait_ms must be >= 0 (got {max_wait_ms})")
     if max_body_bytes < 1:
         raise FinetuneError(f"--max_body_bytes must be >= 1 (got {max_body_bytes})")
+    for flag, seconds in (
+        ("--header_timeout", header_timeout),
+        ("--body_timeout", body_timeout),
+        ("--keep_alive_timeout", keep_alive_timeout),
+    ):
+        if not 0 < seconds < float("inf"):
+            raise FinetuneError(f"{flag} must be a number of seconds > 0 (got {seconds}); e.g. {flag} 10")
+    if max_connections < 1:
+        raise FinetuneError(f"--max_connections must be >= 1 (got {max_connections})")
     require_served_folder(model_path)
     listener = _listen(host, port)
 
@@ -70,12 +92,15 @@ def serve(
         # of a request: torch's threads wait on each other at every operation (docs/serve.md).
         torch.set_num_threads(threads)
     served = load_served_model(model_path)
+    connections = ConnectionLimits(header_timeout, body_timeout, keep_alive_timeout, max_connections)
     app = create_app(
         served,
         ServeLimits(max_body_bytes=max_body_bytes, max_reviews=max_reviews, max_review_chars=max_review_chars),
         BatchSettings(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms),
         token=token.strip() if token else None,
         on_bad_text=on_bad_text,
+        reload_on_change=reload_on_change,
+        connections=connections,
     )
     bound_host, bound_port = listener.getsockname()[:2]
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
@@ -87,7 +112,15 @@ def serve(
             f"set {TOKEN_ENV} or pass --token",
             file=sys.stderr,
         )
-    config = uvicorn.Config(app, log_level="warning", access_log=access_log, timeout_graceful_shutdown=60)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=access_log,
+        timeout_graceful_shutdown=60,
+        # uvicorn's h11 protocol with read timeouts, the cap and JSON errors (httptools is never used).
+        http=guarded_protocol(connections),
+        timeout_keep_alive=keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn types it int; a float works
+    )
     _server_class()(config).run(sockets=[listener])
     print("stopped", file=sys.stderr)
 

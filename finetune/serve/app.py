@@ -4,11 +4,15 @@ Every error is a JSON object ``{"error": "..."}`` with a 4xx status that
 names the problem and the fix; the server goes on answering. Bodies are
 read and checked here rather than by FastAPI's own parsing, so that a
 body that is not UTF-8, not JSON, nested too deep or too large gets a
-message saying so instead of a generic "error parsing the body".
+message saying so instead of a generic "error parsing the body". HEAD is
+answered wherever GET is; a client that leaves mid-body is one log line.
+What happens before a request reaches the app (timeouts, the connection
+cap, bytes that are not HTTP) is :mod:`.connections`'.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -26,12 +30,15 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..data.bad_text import describe_bad_text, first_bad_character, repair_text
 from ..errors import FinetuneError
 from .batching import Batcher
+from .connections import CLOSED_BECAUSE, ConnectionLimits
 from .model import ServedModel
+from .watch import LiveModel
 
 STATIC_DIR = Path(__file__).parent / "static"
 TOKEN_ENV = "FINETUNE_SERVE_TOKEN"
@@ -130,25 +137,41 @@ def create_app(
     batching: BatchSettings | None = None,
     token: str | None = None,
     on_bad_text: str = "refuse",
+    reload_on_change: bool = False,
+    connections: ConnectionLimits | None = None,
 ) -> FastAPI:
     """The ASGI app serving ``served``; with ``token``, the routes in ``PROTECTED`` need ``Authorization: Bearer``.
 
     A review holding text that is not Unicode (a lone surrogate) gets a 422
     naming its index, or with ``on_bad_text="replace"`` is read with U+FFFD in its place.
+    The model's files are watched: a change is said in the log and ``/info``,
+    and with ``reload_on_change`` the model is loaded again (:mod:`.watch`).
+    ``connections`` are the timeouts and cap the server runs with (:mod:`.connections`), for ``/info``.
     """
     limits = limits or ServeLimits()
     batching = batching or BatchSettings()
+    connections = connections or ConnectionLimits()
+    live = LiveModel(served, reload_on_change)
     # One thread runs the model: torch already spreads one call over the cores, and two calls would fight for them.
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
-    predictions = Batcher(served.predict, executor, batching.max_batch_size, batching.max_wait_ms / 1000)
-    explanations = Batcher(served.explain, executor, batching.max_batch_size, batching.max_wait_ms / 1000)
+    # Through live: a model reloaded on change answers the next call.
+    predictions = Batcher(
+        lambda texts: live.served.predict(texts), executor, batching.max_batch_size, batching.max_wait_ms / 1000
+    )
+    explanations = Batcher(
+        lambda texts: live.served.explain(texts), executor, batching.max_batch_size, batching.max_wait_ms / 1000
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         predictions.start()
         explanations.start()
+        watch = asyncio.get_running_loop().create_task(live.watch(executor))
         yield
         # uvicorn runs this after the requests in flight are answered (SIGTERM, Ctrl-C).
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
         await predictions.stop()
         await explanations.stop()
         executor.shutdown(wait=True)
@@ -161,6 +184,7 @@ def create_app(
         static_url="/static-docs",
     )
     app.add_middleware(BodySizeLimit, max_body_bytes=limits.max_body_bytes)
+    app.add_middleware(HeadAsGet)
     _add_error_handlers(app)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
@@ -185,6 +209,7 @@ def create_app(
     @app.get("/info", summary="The model: classes, base model, test scores, limits")
     async def info(request: Request) -> dict[str, Any]:
         check_token(request)
+        served = live.served
         return {
             "model_dir": str(served.model_dir),
             "classes": served.class_names,
@@ -192,7 +217,10 @@ def create_app(
             "backend": served.backend,
             "test": served.test_scores,
             "explain": served.why_not_explainable is None,
+            "model_files": live.info(),
             "limits": asdict(limits),
+            "connections": asdict(connections),
+            "on_bad_text": on_bad_text,
             "batching": asdict(batching),
             "threads": torch.get_num_threads(),
             "served": {
@@ -214,7 +242,7 @@ def create_app(
     async def predict(request: Request) -> dict[str, Any]:
         check_token(request)
         body = await _read_body(request, ReviewsRequest, limits, on_bad_text)
-        texts = _model_inputs(served, body.reviews)
+        texts = _model_inputs(live.served, body.reviews)
         return {"results": await predictions.submit(texts)}
 
     @app.post(
@@ -226,9 +254,9 @@ def create_app(
     async def explain(request: Request) -> dict[str, Any]:
         check_token(request)
         body = await _read_body(request, ExplainRequest, limits, on_bad_text)
-        if served.why_not_explainable:
-            raise RequestProblem(501, served.why_not_explainable)
-        texts = _model_inputs(served, body.reviews)
+        if live.served.why_not_explainable:
+            raise RequestProblem(501, live.served.why_not_explainable)
+        texts = _model_inputs(live.served, body.reviews)
         explained = await explanations.submit(texts)
         return {
             "results": [
@@ -355,6 +383,20 @@ def _add_error_handlers(app: FastAPI) -> None:
             message = str(error.detail)
         return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, error: ClientDisconnect) -> JSONResponse:
+        # One line, not the two tracebacks the handler below and uvicorn would log: a client may always leave.
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        closed_because = request.scope.get(CLOSED_BECAUSE)
+        if closed_because:
+            logger.warning("closed the connection of client %s: %s", client, closed_because)
+        else:
+            logger.warning(
+                "client %s left before sending the whole body of %s %s", client, request.method, request.url.path
+            )
+        # Not sent: uvicorn drops what is written to a connection that is gone.
+        return JSONResponse({"error": "the client left before sending the whole body"}, status_code=400)
+
     @app.exception_handler(Exception)
     async def internal(request: Request, error: Exception) -> JSONResponse:
         logger.exception("error answering %s %s", request.method, request.url.path)
@@ -426,6 +468,29 @@ class BodySizeLimit:
 
 class _BodyTooLarge(Exception):
     pass
+
+
+class HeadAsGet:
+    """ASGI middleware: ``HEAD`` answered wherever ``GET`` is, with GET's headers and no body.
+
+    FastAPI's routes take only the methods they name, so ``HEAD /health`` was a
+    405; a load balancer or a link checker asks with HEAD.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 async def _no_body() -> Message:

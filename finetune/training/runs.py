@@ -33,6 +33,27 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # The files of a saved model whose SHA-256 finetune_run.json records (model_sha256).
 MODEL_FINGERPRINT_FILES = ("model.safetensors", "config.json")
 _RUN_MARKERS = ("config.json", "model.safetensors", "trainer_state.json", RUN_CONFIG, "all_results.json")
+# The files of a model folder that make its tokenizer (vocab.txt, tokenizer.json, spm.model, ...).
+TOKENIZER_FILE_PREFIXES = ("tokenizer", "vocab", "special_tokens_map", "spm", "sentencepiece", "merges", "added_tokens")
+# The other files a model is loaded from: its config, weights (PyTorch, ONNX, OpenVINO), export and run records.
+_MODEL_FILE_NAMES = ("config.json", "generation_config.json", "export.json", RUN_CONFIG)
+_MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".onnx", ".xml")
+
+
+def model_files(folder: Path) -> list[Path]:
+    """The files in ``folder`` a model is loaded from (weights, config, tokenizer, records), not reports or pictures."""
+    if not folder.is_dir():
+        return []
+    return sorted(
+        path
+        for path in folder.iterdir()
+        if path.is_file()
+        and (
+            path.name in _MODEL_FILE_NAMES
+            or path.suffix in _MODEL_FILE_SUFFIXES
+            or path.name.startswith(TOKENIZER_FILE_PREFIXES)
+        )
+    )
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
