@@ -120,6 +120,7 @@ def serve(
         # uvicorn's h11 protocol with read timeouts, the cap and JSON errors (httptools is never used).
         http=guarded_protocol(connections),
         timeout_keep_alive=keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn types it int; a float works
+        ws="none",  # no WebSocket route: an Upgrade request is answered as HTTP, its errors in JSON
     )
     _server_class()(config).run(sockets=[listener])
     print("stopped", file=sys.stderr)
