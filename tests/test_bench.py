@@ -89,6 +89,39 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
     assert [path for path in scratch.iterdir() if path.is_dir()] == []
 
 
+def test_review_trainer_s_own_settings_set_its_row_alone(tmp_path, tiny_model_dir, capsys):
+    """--padding_free and --micro_batch_tokens go to ReviewTrainer; the others train at the recipe's settings."""
+    output = tmp_path / "bench.json"
+    recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
+    flags = ["--updates", "2", "--no_inference", "--output", str(output)]
+    assert main(["bench", recipe, *flags, "--padding_free", "true", "--micro_batch_tokens=4096"]) == 0
+    report = json.loads(output.read_text())
+    assert report["review_trainer_overrides"] == ["--padding_free", "true", "--micro_batch_tokens", "4096"]
+    assert report["same_samples"] is True
+    rows = {row["system"]: row for row in report["systems"]}
+    # Packed rows compute no padding; one piece holds a whole window of 4 x 2 short reviews.
+    assert rows["ReviewTrainer"]["pad_fraction"] == 0.0
+    assert rows["ReviewTrainer"]["forward_passes_per_update"] == 1
+    # Stock Trainer still pads per micro-batch of 4 and makes n = 2 forward passes an update.
+    assert rows["stock Trainer"]["pad_fraction"] > 0.0
+    assert rows["stock Trainer"]["forward_passes_per_update"] == 2
+    assert rows["classic loop"]["forward_passes_per_update"] == 2
+    assert "ReviewTrainer also with --padding_free true --micro_batch_tokens 4096" in capsys.readouterr().out
+
+
+def test_review_trainer_flags_are_split_from_the_shared_ones():
+    from finetune.commands.bench import split_review_trainer_flags
+    from finetune.errors import FinetuneError
+
+    shared, ours = split_review_trainer_flags(
+        ["--bf16", "true", "--micro_batch_tokens", "512", "--padding_free=true", "--learning_rate", "1e-4"]
+    )
+    assert shared == ["--bf16", "true", "--learning_rate", "1e-4"]
+    assert ours == ["--micro_batch_tokens", "512", "--padding_free", "true"]
+    with pytest.raises(FinetuneError, match=r"--micro_batch_tokens needs a value, e\.g\. --micro_batch_tokens 4096"):
+        split_review_trainer_flags(["--micro_batch_tokens"])
+
+
 def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):
     output = tmp_path / "memory.json"
     recipe = tiny_bench_recipe(tmp_path, tiny_model_dir)

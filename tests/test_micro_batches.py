@@ -81,6 +81,7 @@ def test_a_packed_row_holds_each_review_s_tokens_and_positions(tokenizer, side):
     finally:
         tokenizer.padding_side = "right"
     row = pack(batch, position_offset=2)
+    assert pack(batch, [len(tokenizer(text)["input_ids"]) for text in TEXTS], position_offset=2).keys() == row.keys()
     encoded = [tokenizer(text)["input_ids"] for text in TEXTS]
     assert row["input_ids"].tolist() == [[token for ids in encoded for token in ids]]
     assert row["position_ids"].tolist() == [[2 + position for ids in encoded for position in range(len(ids))]]

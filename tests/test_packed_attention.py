@@ -21,7 +21,12 @@ from transformers import (
 from finetune.errors import FinetuneError
 from finetune.training.micro_batches import pack
 from finetune.training.modeling import resolve_model_path
-from finetune.training.packed_attention import PACKED_ATTENTION, PackedReading
+from finetune.training.packed_attention import (
+    PACKED_ATTENTION,
+    PackedReading,
+    _attention_with_dropout,
+    dropout_keep,
+)
 from finetune.training.pooling import add_mean_pooling_layer
 
 TOLERANCE = 1e-5
@@ -122,3 +127,50 @@ def test_a_model_that_cannot_be_packed_is_refused_with_the_fix():
     )
     with pytest.raises(FinetuneError, match=r"padding_free works with BERT models .* set padding_free: false"):
         PackedReading(model)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_masks_drop_each_entry_at_the_rate_independently(rate):
+    torch.manual_seed(0)
+    kept = dropout_keep(torch.Size([4_000_000]), rate, torch.device("cpu")).double()
+    standard_error = (rate * (1 - rate) / kept.numel()) ** 0.5
+    assert abs((1 - kept.mean().item()) - rate) < 6 * standard_error
+    # Neighbours are independent: the share of kept pairs is (1 - rate)^2.
+    both = (kept[:-1] * kept[1:]).mean().item()
+    assert abs(both - (1 - rate) ** 2) < 6 * (both * (1 - both) / kept.numel()) ** 0.5
+
+
+def test_attention_with_dropout_is_unbiased_and_the_check_has_teeth():
+    """Averaged over draws, attention with dropout equals attention without it (the 1/(1-p) rescaling)."""
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(2, 2, 6, 4) for _ in range(3))
+    key_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    exact = nn_attention(query, key, value, key_mask)
+    draws = torch.stack([_attention_with_dropout(query, key, value, key_mask, 0.3, 0.5) for _ in range(4000)])
+    spread = draws.std(dim=0) / 4000**0.5
+    assert bool(((draws.mean(dim=0) - exact).abs() < 6 * spread + 1e-6).all())
+    unscaled = draws * 0.7  # what the mean would be without the rescaling
+    assert not bool(((unscaled.mean(dim=0) - exact).abs() < 6 * spread + 1e-6).all())
+
+
+def nn_attention(query, key, value, key_mask):
+    """The reference: SDPA without dropout, each row attending to its real keys."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=key_mask[:, None, None, :], scale=0.5
+    )
+
+
+def test_packed_training_with_dropout_is_reproducible_and_leaves_dropout_stock(tiny_dropout_model_dir, tokenizer):
+    """The same seed draws the same masks; after the run every module forwards as the class says again."""
+    features = [dict(tokenizer(text), labels=index % 3) for index, text in enumerate(REVIEWS)]
+    batch = pack(DataCollatorWithPadding(tokenizer)(features))
+    gradients = []
+    for _ in range(2):
+        model = BertForSequenceClassification.from_pretrained(tiny_dropout_model_dir).train()
+        reading = PackedReading(model)
+        torch.manual_seed(7)
+        model(**batch).loss.backward()
+        reading.remove()
+        gradients.append(torch.cat([parameter.grad.flatten() for parameter in model.parameters()]))
+        assert not any("forward" in vars(module) for module in model.modules())
+    assert torch.equal(*gradients)

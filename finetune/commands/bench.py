@@ -54,6 +54,9 @@ from .bench_systems import (
 )
 
 TRAINING_SYSTEMS = (REVIEW_TRAINER, STOCK_TRAINER, CLASSIC_LOOP)
+# Settings only ReviewTrainer has: given to the bench, they set ReviewTrainer's row alone, so that it is
+# measured against stock Trainer and the classic loop at the recipe's own settings.
+REVIEW_TRAINER_FLAGS = ("--micro_batch_tokens", "--padding_free")
 MEMORY_ACCUMULATION_STEPS = (1, 4, 16)
 MIB = 1024 * 1024
 # Two classes' fp32 probabilities closer than this make a "near tie" in the prediction report.
@@ -92,8 +95,9 @@ def bench(
         )
     if output:
         check_output_file(output)
-    overrides = list(overrides or [])
+    overrides, ours = split_review_trainer_flags(list(overrides or []))
     run = load_recipe(recipe, overrides)
+    load_recipe(recipe, overrides + ours)  # checks ReviewTrainer's own settings before anything runs
     args = run.training
     micro_batch, n_accumulate = args.per_device_train_batch_size, args.gradient_accumulation_steps
 
@@ -126,11 +130,14 @@ def bench(
     try:
         with progress_bars(False):  # "Saving the dataset" bars would bury the bench's own
             if memory:
+                # Only ReviewTrainer runs here, so its own settings join the recipe's.
                 specs = _memory_specs(
-                    recipe, overrides, encoded["train"], workdir, data.label_names, micro_batch, updates
+                    recipe, overrides + ours, encoded["train"], workdir, data.label_names, micro_batch, updates
                 )
             else:
-                specs = _speed_specs(recipe, overrides, args, encoded["train"], workdir, data.label_names, updates)
+                specs = _speed_specs(
+                    recipe, overrides, args, encoded["train"], workdir, data.label_names, updates, ours
+                )
                 held_out = "test" if "test" in data.splits else "validation"
                 if inference:
                     path = workdir / "inference"
@@ -156,6 +163,7 @@ def bench(
     report = {
         "recipe": recipe,
         "overrides": overrides,
+        "review_trainer_overrides": ours,
         "mode": "memory" if memory else "speed",
         "device": device if device == "cpu" else f"cuda: {torch.cuda.get_device_name()}",
         "precision": precision,
@@ -194,11 +202,44 @@ def bench(
     return report
 
 
+def split_review_trainer_flags(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """``overrides`` split in two: those every system takes, and ReviewTrainer's own (``REVIEW_TRAINER_FLAGS``).
+
+    A flag is followed by its value (``--padding_free true``) or joined to it (``--padding_free=true``).
+    """
+    shared: list[str] = []
+    ours: list[str] = []
+    index = 0
+    while index < len(overrides):
+        flag = overrides[index]
+        name = flag.split("=", 1)[0]
+        if name not in REVIEW_TRAINER_FLAGS:
+            shared.append(flag)
+            index += 1
+            continue
+        if "=" in flag:
+            ours += [name, flag.split("=", 1)[1]]
+            index += 1
+        elif index + 1 < len(overrides):
+            ours += [flag, overrides[index + 1]]
+            index += 2
+        else:
+            raise FinetuneError(f"{flag} needs a value, e.g. {flag} {'true' if 'padding' in flag else '4096'}")
+    return shared, ours
+
+
 # ------------------------------------------------------------------ specs
 
 
 def _speed_specs(
-    recipe: str | None, overrides: list[str], args: Any, train: Any, workdir: Path, label_names: list[str], updates: int
+    recipe: str | None,
+    overrides: list[str],
+    args: Any,
+    train: Any,
+    workdir: Path,
+    label_names: list[str],
+    updates: int,
+    review_trainer_overrides: list[str],
 ) -> list[SystemSpec]:
     needed = updates * args.per_device_train_batch_size * args.gradient_accumulation_steps
     if needed > len(train):
@@ -212,7 +253,18 @@ def _speed_specs(
     samples = samples.add_column("sample_id", list(range(needed)))
     path = workdir / "train"
     samples.save_to_disk(str(path))
-    return [SystemSpec(system, recipe, overrides, str(path), label_names, updates) for system in TRAINING_SYSTEMS]
+    return [
+        SystemSpec(
+            system,
+            recipe,
+            overrides,
+            str(path),
+            label_names,
+            updates,
+            extra_overrides=review_trainer_overrides if system == REVIEW_TRAINER else [],
+        )
+        for system in TRAINING_SYSTEMS
+    ]
 
 
 def _memory_specs(
@@ -385,6 +437,7 @@ def _speed_row(result: dict[str, Any], model_shape: dict[str, int], gemm_peak: f
         "samples_per_second": result["samples"] / seconds,
         "real_tokens_per_second": result["real_tokens"] / seconds,
         "pad_fraction": 1 - result["real_tokens"] / result["padded_tokens"],
+        "forward_passes_per_update": result["forward_passes"] / result["updates"],
         "peak_rss_mib": result["peak_rss_bytes"] / MIB,
         "gflops": gflops,
         "mfu": gflops / gemm_peak,
@@ -494,6 +547,11 @@ def format_speed_report(report: dict[str, Any]) -> str:
         f"{report['gradient_accumulation_steps']} samples, {report['threads']} threads, "
         f"GEMM peak {report['gemm_peak_gflops']:.0f} GFLOP/s",
         f"device {report['device']}, {report['precision']}",
+        *(
+            [f"ReviewTrainer also with {' '.join(report['review_trainer_overrides'])} (the others at the recipe's)"]
+            if report.get("review_trainer_overrides")
+            else []
+        ),
         "",
     ]
     for name, ratio in report["ratios"].items():
@@ -503,15 +561,16 @@ def format_speed_report(report: dict[str, Any]) -> str:
     gpu_columns = " peak GPU MiB | CUDA syncs/update |" if on_gpu else ""
     lines += [
         "",
-        "| system | seconds | samples/s | real tokens/s | pad fraction | peak RSS MiB | GFLOP/s | MFU "
-        f"| host syncs/update (loop + model) |{gpu_columns}",
-        "| --- " * (9 + 2 * on_gpu) + "|",
+        "| system | seconds | samples/s | real tokens/s | pad fraction | forward passes/update | peak RSS MiB "
+        f"| GFLOP/s | MFU | host syncs/update (loop + model) |{gpu_columns}",
+        "| --- " * (10 + 2 * on_gpu) + "|",
     ]
     for row in report["systems"]:
         gpu_cells = f" {row['peak_gpu_memory_mib']:.0f} | {row['cuda_syncs_per_update']:.1f} |" if on_gpu else ""
         lines.append(
             f"| {row['system']} | {row['seconds']:.1f} | {row['samples_per_second']:.2f} | "
-            f"{row['real_tokens_per_second']:.0f} | {row['pad_fraction']:.1%} | {row['peak_rss_mib']:.0f} | "
+            f"{row['real_tokens_per_second']:.0f} | {row['pad_fraction']:.1%} | "
+            f"{row['forward_passes_per_update']:.1f} | {row['peak_rss_mib']:.0f} | "
             f"{row['gflops']:.1f} | {row['mfu']:.1%} | "
             f"{row['host_syncs_per_update']:.1f} + {row['model_host_syncs_per_update']:.1f} |{gpu_cells}"
         )

@@ -133,7 +133,7 @@ def _scratch_dir(spec: SystemSpec) -> str:
 
 
 class RecordingCollator:
-    """Pads like the system would and records which samples it saw and how many tokens were real or padding."""
+    """Pads like the system would and records which samples it saw and their real (unpadded) lengths."""
 
     def __init__(self, tokenizer: Any, pad_to_max_length: int | None = None) -> None:
         from transformers import DataCollatorWithPadding
@@ -144,16 +144,13 @@ class RecordingCollator:
             self.collate = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=pad_to_max_length)
         self.sample_ids: list[int] = []
         self.lengths: list[int] = []
-        self.padded_tokens = 0
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         features = [dict(feature) for feature in features]
         for feature in features:
             self.sample_ids.append(int(feature.pop("sample_id")))
             self.lengths.append(int(feature.pop("length")))
-        batch = self.collate(features)
-        self.padded_tokens += int(batch["input_ids"].numel())
-        return batch
+        return self.collate(features)
 
 
 def _progress_callback(queue: Any) -> Any:
@@ -230,6 +227,9 @@ def _train_once(
     queue = queue if queue is not None else _Discard()
     pad_to = run.data.max_length if spec.system == CLASSIC_LOOP else None
     collator = RecordingCollator(tokenizer, pad_to_max_length=pad_to)
+    # What the model computed, padding included, counted where it computes: ReviewTrainer may cut and
+    # pack the collated batches again, so the collator's count would not be what ran.
+    computed = _ComputedTokens(model)
     set_seed(args.seed)
     cuda_syncs = CudaSyncWarnings()
     with contextlib.ExitStack() as stack:
@@ -262,6 +262,7 @@ def _train_once(
         if on_gpu:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
+    computed.remove()
 
     return {
         "host_syncs": host_reads.count if counting else None,
@@ -273,9 +274,29 @@ def _train_once(
         "sample_ids": sorted(collator.sample_ids),
         "lengths": collator.lengths,
         "real_tokens": sum(collator.lengths),
-        "padded_tokens": collator.padded_tokens,
+        "padded_tokens": computed.tokens,
+        "forward_passes": computed.forward_passes,
         "train_loss": float(final_loss),
     }
+
+
+class _ComputedTokens:
+    """Counts the tokens (padding included) and the forward passes of a model, from its inputs."""
+
+    def __init__(self, model: Any) -> None:
+        self.tokens = 0
+        self.forward_passes = 0
+        self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is not None:
+            self.tokens += int(input_ids.numel())
+            self.forward_passes += 1
+
+    def remove(self) -> None:
+        """Stop counting."""
+        self._hook.remove()
 
 
 class _Discard:

@@ -19,6 +19,7 @@ pieces are collated by the run's own data collator.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +31,10 @@ from ..errors import FinetuneError
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
 # The keys transformers' FlashAttention path reads for variable-length sequences, reused for packed rows.
 PACKED_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+# A packed row's attention is computed per group of reviews of like length, each group padded to its
+# longest review: a review joins the group while it has at least this share of the group's first
+# (longest) review's tokens, so no attention weight in a group costs more than 1 / 0.8^2 = 1.56 of its own.
+ATTENTION_GROUP_SHARE = 0.8
 
 
 class FeatureList(list):
@@ -101,23 +106,29 @@ def cut_window(
         features = [feature for micro_batch in micro_batches for feature in micro_batch]
         lengths = [review_length(feature) for feature in features]
         groups = [[features[index] for index in piece] for piece in plan_pieces(lengths, token_budget, packed)]
-    batches = [collate(group) for group in groups]
-    return [pack(batch, position_offset) for batch in batches] if packed else batches
+    if not packed:
+        return [collate(group) for group in groups]
+    # The lengths come from the features, not from the collated tensors: no tensor is read here.
+    return [pack(collate(group), [review_length(feature) for feature in group], position_offset) for group in groups]
 
 
-def pack(batch: dict[str, Any], position_offset: int = 0) -> dict[str, Any]:
+def pack(batch: dict[str, Any], lengths: Sequence[int] | None = None, position_offset: int = 0) -> dict[str, Any]:
     """A padded batch as one row without padding: its reviews end to end, positions restarting at each.
 
     ``cu_seq_lens_q`` (and ``_k``) holds where each review starts, plus the
     end; ``max_length_q`` (and ``_k``) the longest review. The attention mask
     goes: the boundaries say the same. Keys with one row per review
-    (``labels``, a teacher's probabilities) stay as they are.
-    ``position_offset`` is where the model's position ids start (0 for BERT).
+    (``labels``, a teacher's probabilities) stay as they are. ``lengths``
+    are the reviews' token counts, when the caller knows them (else they are
+    read from the mask). ``position_offset`` is where the model's position
+    ids start (0 for BERT).
     """
     input_ids = batch["input_ids"]
     mask = batch.get("attention_mask")
     real = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
-    lengths = real.sum(dim=1)
+    if lengths is None:
+        lengths = real.sum(dim=1).tolist()
+    lengths = list(lengths)
     packed: dict[str, Any] = {}
     for key, value in batch.items():
         if key == "attention_mask":
@@ -131,11 +142,57 @@ def pack(batch: dict[str, Any], position_offset: int = 0) -> dict[str, Any]:
     # Counting real tokens along each row numbers them from 0, whichever side holds the padding.
     positions = real.long().cumsum(dim=1) - 1
     packed["position_ids"] = (positions[real] + position_offset).unsqueeze(0)
-    starts = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    starts[1:] = lengths.cumsum(dim=0)
-    longest = int(lengths.max()) if len(lengths) else 0
-    packed.update(cu_seq_lens_q=starts, cu_seq_lens_k=starts, max_length_q=longest, max_length_k=longest)
+    starts = [0, *itertools.accumulate(lengths)]
+    cu_seq_lens = torch.tensor(starts, dtype=torch.int32)
+    longest = max(lengths, default=0)
+    packed.update(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest)
+    packed.update(attention_layout(lengths, starts))
     return packed
+
+
+def attention_layout(lengths: Sequence[int], starts: Sequence[int]) -> dict[str, Any]:
+    """Where each token of a packed row sits when its attention is computed, group by group.
+
+    Reviews are sorted longest first and grouped by ``ATTENTION_GROUP_SHARE``;
+    a group of n reviews, the longest of w tokens, is computed as an ``[n, w]``
+    padded batch. ``review_groups`` holds, per group, ``token_index`` (the
+    row position of each slot; padding slots point at position 0),
+    ``key_mask`` (which slots are real) and ``real_slots`` (their flat
+    indices); ``review_order`` puts the groups' real tokens back in row
+    order, and ``first_token_order`` the groups' reviews (one row each) back
+    in the row's review order. All index tensors are made here, on the CPU,
+    so that the model reads no tensor to find them.
+    """
+    order = sorted(range(len(lengths)), key=lambda index: -lengths[index])
+    grouped: list[list[int]] = []
+    for index in order:
+        if grouped and lengths[index] >= ATTENTION_GROUP_SHARE * lengths[grouped[-1][0]]:
+            grouped[-1].append(index)
+        else:
+            grouped.append([index])
+    groups = []
+    tokens_in_group_order: list[int] = []
+    for group in grouped:
+        width = lengths[group[0]]
+        token_index = torch.zeros(len(group), width, dtype=torch.long)
+        key_mask = torch.zeros(len(group), width, dtype=torch.bool)
+        for slot, review in enumerate(group):
+            token_index[slot, : lengths[review]] = torch.arange(starts[review], starts[review] + lengths[review])
+            key_mask[slot, : lengths[review]] = True
+            tokens_in_group_order.extend(range(starts[review], starts[review] + lengths[review]))
+        groups.append((token_index, key_mask, key_mask.flatten().nonzero().squeeze(1)))
+    return {
+        "review_groups": tuple(groups),
+        "review_order": _inverse(tokens_in_group_order),
+        "first_token_order": _inverse([review for group in grouped for review in group]),
+    }
+
+
+def _inverse(permutation: list[int]) -> torch.Tensor:
+    """The permutation that undoes ``permutation`` (``x[permutation][inverse] == x``)."""
+    inverse = torch.empty(len(permutation), dtype=torch.long)
+    inverse[torch.tensor(permutation, dtype=torch.long)] = torch.arange(len(permutation))
+    return inverse
 
 
 def is_packed(inputs: dict[str, Any] | None) -> bool:
