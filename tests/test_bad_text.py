@@ -85,3 +85,15 @@ def test_a_bad_line_past_the_first_batch_is_refused_before_any_row_is_printed(ti
         assert main(["predict", str(tiny_model_dir), "--input", str(source)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "line 6: 'review' holds a lone surrogate" in captured.err
+
+
+def test_a_lone_surrogate_is_refused_by_index_from_python(tiny_model_dir, tokenizer):
+    """predict_probabilities called from Python names the review, where the tokenizer would raise a TypeError."""
+    from transformers import BertForSequenceClassification
+
+    from finetune.errors import FinetuneError
+    from finetune.evaluation.inference import predict_probabilities
+
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir)
+    with pytest.raises(FinetuneError, match=r"^review 1 holds a lone surrogate \(U\+D800\) at character 5"):
+        predict_probabilities(model, tokenizer, ["fine", "bad \ud800 x"])

@@ -21,13 +21,9 @@ from transformers import (
 from finetune.errors import FinetuneError
 from finetune.training.micro_batches import pack
 from finetune.training.modeling import resolve_model_path
-from finetune.training.packed_attention import (
-    PACKED_ATTENTION,
-    PackedReading,
-    _attention_with_dropout,
-    dropout_keep,
-)
+from finetune.training.packed_attention import PACKED_ATTENTION, PackedReading
 from finetune.training.pooling import add_mean_pooling_layer
+from finetune.training.review_attention import attention_with_dropout, dropout_keep
 
 TOLERANCE = 1e-5
 REVIEWS = [
@@ -116,7 +112,7 @@ def test_the_model_is_stock_again_after_the_run(tiny_model_dir, tokenizer, tmp_p
         after = model(**batch).logits
     assert torch.allclose(during, after, atol=1e-6)
     assert model.config._attn_implementation == "sdpa"
-    assert not model.bert.encoder._forward_hooks
+    assert not any("forward" in vars(module) for module in model.modules())
     model.save_pretrained(tmp_path)
     assert "finetune" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
 
@@ -125,7 +121,7 @@ def test_a_model_that_cannot_be_packed_is_refused_with_the_fix():
     model = DistilBertForSequenceClassification(
         DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=37)
     )
-    with pytest.raises(FinetuneError, match=r"padding_free works with BERT models .* set padding_free: false"):
+    with pytest.raises(FinetuneError, match=r"padding_free works with BERT classifiers .* set padding_free: false"):
         PackedReading(model)
 
 
@@ -146,7 +142,7 @@ def test_attention_with_dropout_is_unbiased_and_the_check_has_teeth():
     query, key, value = (torch.randn(2, 2, 6, 4) for _ in range(3))
     key_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
     exact = nn_attention(query, key, value, key_mask)
-    draws = torch.stack([_attention_with_dropout(query, key, value, key_mask, 0.3, 0.5) for _ in range(4000)])
+    draws = torch.stack([attention_with_dropout(query, key, value, key_mask, 0.3, 0.5) for _ in range(4000)])
     spread = draws.std(dim=0) / 4000**0.5
     assert bool(((draws.mean(dim=0) - exact).abs() < 6 * spread + 1e-6).all())
     unscaled = draws * 0.7  # what the mean would be without the rescaling

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +11,13 @@ import numpy as np
 import torch
 from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..data.bad_text import describe_bad_text, first_bad_character
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
 from ..errors import FinetuneError
 from ..export.fallback import Int8WithFallback, read_fallback
 from ..export.onnxruntime import OnnxClassifier, is_onnx_folder, require_onnx_runtime
 from ..export.openvino import OpenVinoClassifier, is_openvino_folder, require_openvino
+from ..training.first_tokens import LastLayerAtFirstTokens, reads_first_token_only
 from .length_batches import CPU_PASS_COST_TOKENS, length_batches
 
 # Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.
@@ -118,6 +121,10 @@ def predict_probabilities(
         return _with_fallback(model, tokenizer, list(texts), batch_size, encoding)
     # A datasets Column or a pandas Series is not a list, and tokenizers take only lists.
     texts = list(texts)
+    for index, text in enumerate(texts):
+        # The tokenizer would raise a TypeError on a lone surrogate; the commands refuse it earlier, by line.
+        if isinstance(text, str) and first_bad_character(text) is not None:
+            raise FinetuneError(f"review {index} {describe_bad_text(text)}; remove it, or repair it with U+FFFD")
     if encoding.sliding_window:
         rows, owners = encode_windows(tokenizer, texts, encoding)
     else:
@@ -164,7 +171,9 @@ def _logits(
     batches = length_batches([len(ids) for ids in rows["input_ids"]], batch_size, pass_cost)
     collator = DataCollatorWithPadding(tokenizer, return_tensors="np" if exported else "pt")
     logits = np.zeros((len(rows["input_ids"]), model.config.num_labels), dtype=np.float64)
-    with torch.inference_mode():
+    # A BERT classifier's last layer computes only the first tokens its head reads (the same logits).
+    first_tokens = LastLayerAtFirstTokens(model) if not exported and reads_first_token_only(model) else None
+    with torch.inference_mode(), _removed_after(first_tokens):
         for chosen in batches:
             batch = collator([{name: rows[name][row] for name in inputs} for row in chosen])
             if exported:
@@ -173,3 +182,13 @@ def _logits(
             output = model(**{name: value.to(device) for name, value in batch.items()}).logits
             logits[chosen] = output.double().cpu().numpy()
     return logits
+
+
+@contextlib.contextmanager
+def _removed_after(installed: Any) -> Iterator[None]:
+    """Remove ``installed`` (a change to a model with a ``remove()``, or None) when the block ends."""
+    try:
+        yield
+    finally:
+        if installed is not None:
+            installed.remove()

@@ -1,0 +1,116 @@
+"""The last encoder layer computed at each review's first token only.
+
+``BertForSequenceClassification`` reads the encoder's output at position 0
+and nowhere else (its pooler takes ``[:, 0]``; the mean-pooling layer of
+:mod:`.pooling` is a last layer like any other, its first token holding the
+mean). So the last layer's queries, attention output and feed-forward at
+every other token are computed to be thrown away: about a sixth of a 6-layer
+model's work. :class:`LastLayerAtFirstTokens` computes that layer's keys and
+values from every token, as before, and the rest at first tokens only; its
+output is ``[reviews, 1, hidden]``, which the pooler reads as it read the
+full one. The logits and every gradient are the same
+(``tests/test_packed_attention.py``); hidden states or attentions of the
+last layer, which a classifier's forward does not return by default, are not
+computed.
+
+It reads padded batches (the attention mask's first row gives each review's
+keys) and packed rows (:mod:`.micro_batches`' layout), and is installed for a
+run or a prediction and removed after.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .review_attention import attention
+
+# Classifiers whose head reads the encoder's first token only.
+FIRST_TOKEN_HEADS = ("BertForSequenceClassification",)
+
+
+def reads_first_token_only(model: nn.Module) -> bool:
+    """Whether ``model``'s head reads the encoder's output at position 0 only (a BERT classifier)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return type(inner).__name__ in FIRST_TOKEN_HEADS and not getattr(inner.config, "is_decoder", False)
+
+
+class LastLayerAtFirstTokens:
+    """``model``'s last encoder layer computing first tokens only, until :meth:`remove`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.layer = inner.base_model.encoder.layer[-1]
+        self.layer.forward = _at_first_tokens(self.layer)
+
+    def remove(self) -> None:
+        """Give the layer its own forward back."""
+        del self.layer.forward  # the instance attribute goes; the class's forward shows through again
+
+
+def _at_first_tokens(layer: nn.Module) -> Any:
+    """``layer``'s forward for a padded batch or a packed row, computed at first tokens only."""
+
+    def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, *args: Any, **kwargs: Any):
+        self_attention = layer.attention.self
+        dropout = self_attention.dropout.p if self_attention.training else 0.0
+        heads, head_size = self_attention.num_attention_heads, self_attention.attention_head_size
+
+        def split_heads(states: torch.Tensor) -> torch.Tensor:
+            # [reviews, tokens, hidden] -> [reviews, heads, tokens, head_size]
+            return states.view(*states.shape[:2], heads, head_size).transpose(1, 2)
+
+        groups = kwargs.get("review_groups")
+        if groups is None:
+            # A padded batch: each row's first query over its keys, the mask's first row saying which.
+            first = hidden_states[:, :1]
+            key_mask = _key_mask(attention_mask, hidden_states)
+            context = attention(
+                split_heads(self_attention.query(first)),
+                split_heads(self_attention.key(hidden_states)),
+                split_heads(self_attention.value(hidden_states)),
+                key_mask,
+                dropout,
+                self_attention.scaling,
+            )
+            context = context.transpose(1, 2).reshape(first.shape)
+        else:
+            first, context = _packed_first_tokens(layer, hidden_states[0], groups, kwargs["first_token_order"], dropout)
+        attention_output = layer.attention.output(context, first)
+        return layer.feed_forward_chunk(attention_output)
+
+    return forward
+
+
+def _key_mask(attention_mask: torch.Tensor | None, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Each row's real keys, ``[rows, tokens]``, from the mask the model made for its layers (None: all real)."""
+    if attention_mask is None:
+        return torch.ones(hidden_states.shape[:2], dtype=torch.bool, device=hidden_states.device)
+    first_row = attention_mask[:, 0, 0, :]  # [rows, 1, queries, keys]: the first query's keys
+    return first_row if first_row.dtype == torch.bool else first_row == 0  # an additive mask: 0 where kept
+
+
+def _packed_first_tokens(
+    layer: nn.Module, tokens: torch.Tensor, groups: Any, first_token_order: torch.Tensor, dropout: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed row's first tokens and their attention context, ``[reviews, 1, hidden]`` each, in review order."""
+    self_attention = layer.attention.self
+    heads, head_size = self_attention.num_attention_heads, self_attention.attention_head_size
+    keys = self_attention.key(tokens).view(-1, heads, head_size)
+    values = self_attention.value(tokens).view(-1, heads, head_size)
+    firsts, contexts = [], []
+    for token_index, key_mask, _ in groups:
+        reviews, width = token_index.shape
+        first = tokens.index_select(0, token_index[:, 0])  # a review's first slot is its first token
+        query = self_attention.query(first).view(reviews, heads, 1, head_size)
+        padded = [
+            row.index_select(0, token_index.flatten()).view(reviews, width, heads, head_size).transpose(1, 2)
+            for row in (keys, values)
+        ]
+        context = attention(query, *padded, key_mask, dropout, self_attention.scaling)
+        firsts.append(first)
+        contexts.append(context.reshape(reviews, heads * head_size))
+    first = torch.cat(firsts).index_select(0, first_token_order).unsqueeze(1)
+    return first, torch.cat(contexts).index_select(0, first_token_order).unsqueeze(1)

@@ -1,0 +1,76 @@
+"""Attention over padded groups of reviews, and dropout masks that are cheap to draw on a CPU.
+
+Packed rows (:mod:`.packed_attention`) and the last layer read at first tokens
+(:mod:`.first_tokens`) both compute attention on a padded batch of reviews of
+like length, each review attending to its own real keys. On a GPU that is
+SDPA, dropout included. On a CPU SDPA takes its unfused path as soon as
+attention has dropout and draws the mask with ``bernoulli_``: a float per
+attention weight, about a third of a MiniLM training step on drugscom
+reviews. Here the mask comes from 31 random bits per weight instead, the
+same Bernoulli draw several times cheaper (docs/benchmarks/speed.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_mask: torch.Tensor,
+    dropout: float,
+    scaling: float,
+) -> torch.Tensor:
+    """SDPA of ``[reviews, heads, queries, dim]`` over each review's real keys (``key_mask``, ``[reviews, keys]``)."""
+    if dropout > 0 and query.device.type == "cpu":
+        return attention_with_dropout(query, key, value, key_mask, dropout, scaling)
+    return nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=key_mask[:, None, None, :], dropout_p=dropout, scale=scaling
+    )
+
+
+def attention_with_dropout(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, dropout: float, scaling: float
+) -> torch.Tensor:
+    """Attention with dropout on its probabilities, as SDPA's unfused path computes it, with a cheaper mask.
+
+    The 1 / (1 - dropout) rescaling is applied to the output, which is
+    smaller than the weights.
+    """
+    scores = torch.matmul(query * scaling, key.transpose(-1, -2))
+    # In place: matmul's backward needs its inputs, not its output. Padding keys get no weight.
+    padding_bias = torch.zeros(key_mask.shape, dtype=scores.dtype, device=scores.device)
+    scores.add_(padding_bias.masked_fill_(~key_mask, torch.finfo(scores.dtype).min)[:, None, None, :])
+    probabilities = torch.softmax(scores, dim=-1)
+    # A float mask: multiplying by it is one pass each way, where a bool mask's where or masked_fill
+    # took several times as long on the CPU.
+    kept = dropout_keep(probabilities.shape, dropout, query.device).to(probabilities.dtype)
+    return torch.matmul(probabilities * kept, value) * (1.0 / (1.0 - dropout))
+
+
+def dropout_keep(shape: torch.Size, rate: float, device: torch.device) -> torch.Tensor:
+    """Which entries dropout keeps (True); each is dropped independently with probability ``rate``.
+
+    31 random bits per entry compared with ``rate`` x 2^31: the rate is kept
+    to within 3e-10 (``bernoulli_`` compares a 24-bit uniform float). Drawn
+    from the default generator, so a seeded (or resumed) run draws the same masks.
+    """
+    bits = torch.empty(shape, dtype=torch.int32, device=device).random_()  # uniform on [0, 2^31)
+    return bits >= round(rate * 2**31)
+
+
+def cheaper_dropout(module: nn.Dropout) -> Any:
+    """``module``'s forward with its mask drawn by ``dropout_keep`` on the CPU (the stock kernel elsewhere)."""
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        if not module.training or module.p == 0 or hidden.device.type != "cpu":
+            return nn.functional.dropout(hidden, module.p, module.training, module.inplace)
+        kept = dropout_keep(hidden.shape, module.p, hidden.device).to(hidden.dtype).mul_(1.0 / (1.0 - module.p))
+        return hidden * kept
+
+    return forward

@@ -1,0 +1,94 @@
+"""The last layer at first tokens only (finetune/training/first_tokens.py): the same logits and gradients.
+
+The reference is the stock model's own forward on the same padded batch.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    BertForSequenceClassification,
+    BertModel,
+    DataCollatorWithPadding,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+)
+
+from finetune.evaluation.inference import predict_probabilities
+from finetune.training.first_tokens import LastLayerAtFirstTokens, reads_first_token_only
+from finetune.training.modeling import resolve_model_path
+from finetune.training.pooling import add_mean_pooling_layer
+
+REVIEWS = [
+    "Stopped working after a week and support never answered.",
+    "great",
+    "The battery lasts two days, the screen is sharp and it was cheap. Five stars from me!",
+    "Returned it: cracked on arrival, and the refund took a month.",
+]
+
+
+def logits_and_gradients(model, batch, first_tokens: bool):
+    model = copy.deepcopy(model).eval()
+    installed = LastLayerAtFirstTokens(model) if first_tokens else None
+    outputs = model(**batch)
+    outputs.loss.backward()
+    if installed is not None:
+        installed.remove()
+    assert not any("forward" in vars(module) for module in model.modules())
+    return outputs.logits.detach(), torch.cat([parameter.grad.flatten() for parameter in model.parameters()])
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    torch.manual_seed(0)
+    return BertForSequenceClassification.from_pretrained(resolve_model_path("all-minilm-l6-v2"), num_labels=3)
+
+
+@pytest.mark.parametrize("which", ["tiny", "minilm"])
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_padded_batch_gives_the_same_logits_and_gradients(tiny_model_dir, minilm, tokenizer, which, pooling):
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir) if which == "tiny" else minilm
+    model = copy.deepcopy(model)
+    if pooling == "mean":
+        add_mean_pooling_layer(model)
+    features = [dict(tokenizer(text), labels=index % 3) for index, text in enumerate(REVIEWS)]
+    batch = DataCollatorWithPadding(tokenizer)(features)
+    assert int(batch["attention_mask"].sum()) < batch["input_ids"].numel()  # padding to mask out
+    (logits, gradients), (cut_logits, cut_gradients) = (
+        logits_and_gradients(model, batch, first_tokens) for first_tokens in (False, True)
+    )
+    assert float((cut_logits - logits).abs().max()) < 1e-5
+    assert float((cut_gradients - gradients).abs().max()) < 1e-5
+    assert float(gradients.abs().max()) > 1e-3
+
+
+def test_the_check_has_teeth_ignoring_the_key_mask_changes_the_logits(minilm, tokenizer, monkeypatch):
+    """With every key read as real, padding leaks into the first token and the test above would fail."""
+    import finetune.training.first_tokens as first_tokens
+
+    batch = DataCollatorWithPadding(tokenizer)([dict(tokenizer(text), labels=0) for text in REVIEWS])
+    logits, _ = logits_and_gradients(minilm, batch, first_tokens=False)
+    monkeypatch.setattr(first_tokens, "_key_mask", lambda mask, hidden: torch.ones(hidden.shape[:2], dtype=torch.bool))
+    leaked, _ = logits_and_gradients(minilm, batch, first_tokens=True)
+    assert float((leaked - logits).abs().max()) > 1e-3
+
+
+def test_only_classifiers_whose_head_reads_the_first_token():
+    assert reads_first_token_only(BertForSequenceClassification(BertModel.config_class(num_hidden_layers=1)))
+    assert not reads_first_token_only(
+        DistilBertForSequenceClassification(DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2))
+    )
+
+
+def test_prediction_equals_the_stock_forward(tiny_model_dir, tokenizer):
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir).eval()
+    texts = REVIEWS * 5
+    probabilities = predict_probabilities(model, tokenizer, texts, batch_size=4)
+    with torch.no_grad():
+        reference = torch.softmax(model(**tokenizer(texts, padding=True, return_tensors="pt")).logits, -1).numpy()
+    assert np.abs(probabilities - reference).max() < 1e-6
+    assert not any("forward" in vars(module) for module in model.modules())
