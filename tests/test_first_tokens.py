@@ -92,3 +92,31 @@ def test_prediction_equals_the_stock_forward(tiny_model_dir, tokenizer):
         reference = torch.softmax(model(**tokenizer(texts, padding=True, return_tensors="pt")).logits, -1).numpy()
     assert np.abs(probabilities - reference).max() < 1e-6
     assert not any("forward" in vars(module) for module in model.modules())
+
+
+def test_review_trainer_evaluates_at_first_tokens_with_stock_s_loss(tiny_model_dir, tokenizer, tmp_path):
+    from helpers import quiet_args, review_dataset
+    from transformers import Trainer
+
+    from finetune import ReviewTrainer
+
+    dataset = review_dataset(tokenizer, 10)
+    losses, shapes = {}, []
+    for trainer_class in (Trainer, ReviewTrainer):
+        model = BertForSequenceClassification.from_pretrained(tiny_model_dir)
+        hook = model.bert.encoder.layer[-1].intermediate.register_forward_hook(
+            lambda module, args, output, name=trainer_class.__name__: shapes.append((name, tuple(args[0].shape[:2])))
+        )
+        trainer = trainer_class(
+            model=model,
+            args=quiet_args(tmp_path, per_device_eval_batch_size=4),
+            eval_dataset=dataset,
+            data_collator=DataCollatorWithPadding(tokenizer),
+        )
+        losses[trainer_class.__name__] = trainer.evaluate()["eval_loss"]
+        hook.remove()
+        assert not any("forward" in vars(module) for module in model.modules())
+    assert losses["ReviewTrainer"] == pytest.approx(losses["Trainer"], rel=1e-6)
+    # Stock runs the last layer's feed-forward at every token; ReviewTrainer at each review's first only.
+    assert all(length > 1 for name, (_, length) in shapes if name == "Trainer")
+    assert [shape for name, shape in shapes if name == "ReviewTrainer"] == [(4, 1), (4, 1), (2, 1)]

@@ -42,12 +42,16 @@ class LastLayerAtFirstTokens:
 
     def __init__(self, model: nn.Module) -> None:
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self.layer = inner.base_model.encoder.layer[-1]
-        self.layer.forward = _at_first_tokens(self.layer)
+        layer = inner.base_model.encoder.layer[-1]
+        # Installed already (evaluation inside a packed run): that one stays in charge, and removes itself.
+        self.layer = None if "forward" in vars(layer) else layer
+        if self.layer is not None:
+            self.layer.forward = _at_first_tokens(self.layer)
 
     def remove(self) -> None:
         """Give the layer its own forward back."""
-        del self.layer.forward  # the instance attribute goes; the class's forward shows through again
+        if self.layer is not None:
+            del self.layer.forward  # the instance attribute goes; the class's forward shows through again
 
 
 def _at_first_tokens(layer: nn.Module) -> Any:

@@ -78,6 +78,7 @@ from .accumulation import (
 )
 from .checkpointing import CrashSafeCheckpoints
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
+from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
 from .micro_batches import cut_window, keep_features
 from .packed_attention import PackedReading
@@ -180,6 +181,21 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             # Sorted groups span a global window (N x b x n samples), as one process's span its window.
             return SeedableLengthGroupedSampler(sampler.batch_size * self.args.world_size, sampler.lengths, seed)
         return sampler
+
+    def evaluation_loop(self, dataloader: Any, description: str, *args: Any, **kwargs: Any) -> Any:
+        """Trainer's evaluation and prediction loop; a BERT classifier's last layer computes only its first tokens.
+
+        The head reads nothing else, so the logits (and the loss) are the same
+        and about a sixth of the work goes (:mod:`.first_tokens`). A run with
+        ``padding_free`` has it installed already, for training.
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        last_layer = LastLayerAtFirstTokens(model) if reads_first_token_only(model) else None
+        try:
+            return super().evaluation_loop(dataloader, description, *args, **kwargs)
+        finally:
+            if last_layer is not None:
+                last_layer.remove()
 
     # -------------------------------------------------------------- optimizer
 
