@@ -1,19 +1,17 @@
 #!/usr/bin/env bash
-# Every GPU figure issue 33 asks for, in ONE device call (about 9 minutes at most; steps are skipped, never cut off
+# Every GPU figure issue 47 asks for, in ONE device call (about 9 minutes at most; steps are skipped, never cut off
 # mid-figure, once the budget runs out). Prepare first, here, with tools/gpu_prepare.sh; then:
 #
 #   run(command="bash tools/gpu_bench.sh", carry=[".gpu_carry"], timeout_s=580)
-#   run(command="ONLY='MPNet bf16\$|16 x 1' BUDGET=200 bash tools/gpu_bench.sh", ...)   # some steps only
-# Still to measure after the 2026-11-26 calls (docs/benchmarks/speed.md#training-on-a-lent-h100-cuda), in one call:
-#   run(command="ONLY='MiniLM bf16\$|no checkpoints|MPNet fp16\$|fused|compile|tests' bash tools/gpu_bench.sh",
-#       carry=[".gpu_carry"], timeout_s=580)
+#   run(command="ONLY='tests' BUDGET=200 bash tools/gpu_bench.sh", ...)   # some steps only (names matched)
 #
 # What comes back under $OUT: log.txt (everything printed) and results.tar.gz (each bench's JSON, the breakdown's
-# report/metrics.json, the CUDA test log). In order of priority:
-#   1. finetune bench --device cuda, bf16: MPNet (all-mpnet-base-v2 shape) and the packaged MiniLM, micro-batch 32
-#   2. the wall-clock breakdown of recipes/drugscom-mpnet.yaml in bf16
-#   3. the exactness (fp32, bf16, fp16), host-sync, schedule and kill-and-resume tests on CUDA (FINETUNE_TEST_DEVICE=cuda)
-#   4. the same benches in fp16 (GradScaler), then MPNet with fused AdamW, then with torch.compile (the recipes already group by length)
+# report/metrics.json, the CUDA test log). In order of priority (issue 47's GPU targets):
+#   1. finetune bench --device cuda, bf16, at the recipe's batch: ReviewTrainer with micro_batch_tokens (MPNet; packed
+#      for MiniLM) against stock Trainer and the classic loop (targets: >= 2x stock, >= 1.2x classic)
+#   2. MFU on long reviews: MPNet, max_length 512, a 16k-token budget (target: >= 40%)
+#   3. drugscom-mpnet.yaml end to end with its checkpoints (target: under 15 s a seed)
+#   4. the exactness (any split, packed, first tokens, bf16/fp16), host-sync and kill-and-resume tests on CUDA
 # The models have random weights of the real models' shapes (their weights cannot travel, see gpu_prepare.sh):
 # speeds, MFU, memory and syncs are the real models'; scores are not, so the breakdown's scores mean nothing.
 set -uo pipefail
@@ -81,35 +79,53 @@ step() { # step NAME SECONDS COMMAND...: run unless the budget is spent, within 
   timeout -k 5 "$limit" "$@"
   echo "=== $name: exit $? after $((SECONDS - began))s"
 }
-# 9 updates of 32 x 2 = 576 of drugscom's 600 training reviews; bench's prediction rows (CPU) are left out.
-# The recipe comes right after `bench` (its first positional argument), these flags after it.
-BENCH=(--device cuda --no_inference --per_device_train_batch_size 32 --gradient_accumulation_steps 2 --updates 9)
+# Issue 47's figures, in order of priority. The recipe comes right after `bench` (its first positional argument),
+# these flags after it. ReviewTrainer alone takes --micro_batch_tokens and --padding_free (the others train at the
+# recipe's settings: micro-batch 8 x 2, length-grouped); bf16 for every system.
+BENCH=(--device cuda --no_inference --bf16 true --updates 20)
+TOKENS=16384
 
-step "bench MPNet bf16" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET --bf16 true \
-  --output $RESULTS/bench-mpnet-bf16.json
-step "bench MiniLM bf16" 90 $PY -m finetune bench recipes/drugscom.yaml "${BENCH[@]}" --bf16 true --output $RESULTS/bench-minilm-bf16.json
-step "train drugscom-mpnet bf16 (breakdown)" 150 $PY -m finetune train recipes/drugscom-mpnet.yaml \
-  --model_name_or_path $MPNET --bf16 true --output_dir /tmp/run-mpnet --disable_tqdm true
-cp /tmp/run-mpnet/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-bf16.json 2>/dev/null
-# The same updates in half the micro-batches: 16 x 1 is 8 x 2's full batch, which the contract makes exact.
-step "train drugscom-mpnet bf16 micro-batch 16 x 1 (breakdown)" 120 $PY -m finetune train recipes/drugscom-mpnet.yaml \
-  --model_name_or_path $MPNET --bf16 true --per_device_train_batch_size 16 --gradient_accumulation_steps 1 \
-  --output_dir /tmp/run-mpnet-16 --disable_tqdm true
-cp /tmp/run-mpnet-16/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-bf16-16x1.json 2>/dev/null
-# And without a checkpoint each epoch (20.8 s of 47.3 s on the H100 at 16 x 1): the end-to-end time a seed can reach.
-step "train drugscom-mpnet bf16 micro-batch 16 x 1, no checkpoints (breakdown)" 100 $PY -m finetune train \
-  recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --bf16 true --per_device_train_batch_size 16 \
-  --gradient_accumulation_steps 1 --save_strategy no --output_dir /tmp/run-mpnet-16-nosave --disable_tqdm true
-cp /tmp/run-mpnet-16-nosave/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-bf16-16x1-nosave.json 2>/dev/null
-step "exactness, mixed-precision, host-sync and kill-and-resume tests on CUDA" 180 env FINETUNE_TEST_DEVICE=cuda \
-  $PY -m pytest -q -p no:cacheprovider tests/test_exactness.py tests/test_mixed_precision.py tests/test_host_syncs.py \
-  tests/test_schedule_and_logging.py "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 |
-  tee $RESULTS/tests-cuda.txt
-step "bench MPNet fp16" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET --fp16 true \
-  --output $RESULTS/bench-mpnet-fp16.json
-step "bench MiniLM fp16" 90 $PY -m finetune bench recipes/drugscom.yaml "${BENCH[@]}" --fp16 true --output $RESULTS/bench-minilm-fp16.json
-step "bench MPNet bf16 fused AdamW" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET \
-  --bf16 true --optim adamw_torch_fused --output $RESULTS/bench-mpnet-bf16-fused.json
-step "bench MPNet bf16 torch.compile" 180 $PY -m finetune bench recipes/drugscom-mpnet.yaml "${BENCH[@]}" --model_name_or_path $MPNET \
-  --bf16 true --optim adamw_torch_fused --torch_compile true --output $RESULTS/bench-mpnet-bf16-compile.json
+step "bench MPNet bf16, recipe batch, ReviewTrainer by tokens" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml \
+  "${BENCH[@]}" --model_name_or_path $MPNET --micro_batch_tokens $TOKENS --output $RESULTS/bench-mpnet-tokens.json
+step "bench MiniLM bf16, recipe batch, ReviewTrainer packed" 90 $PY -m finetune bench recipes/drugscom.yaml \
+  "${BENCH[@]}" --micro_batch_tokens $TOKENS --padding_free true --output $RESULTS/bench-minilm-packed.json
+# MFU on long reviews: MPNet at max_length 512 on 576 synthetic reviews of 400 to 700 words (speed does not depend
+# on the words), 9 updates of 32 x 2, ReviewTrainer cutting each update into pieces of at most 16k tokens.
+$PY - <<'PY'
+import csv
+import random
+
+random.seed(0)
+words = "the film was great awful plot acting slow fast loved hated ending music cast story scenes".split()
+with open("/tmp/long.csv", "w", newline="") as file:
+    writer = csv.writer(file)
+    writer.writerow(["review", "sentiment"])
+    for row in range(640):
+        writer.writerow([" ".join(random.choices(words, k=random.randint(400, 700))), random.choice("01")])
+PY
+cat > /tmp/long.yaml <<'YAML'
+model_name_or_path: /tmp/models/all-mpnet-base-v2
+train_file: /tmp/long.csv
+text_column: review
+label_column: sentiment
+max_length: 512
+validation_split_percentage: 0
+output_dir: /tmp/long-run
+per_device_train_batch_size: 32
+gradient_accumulation_steps: 2
+train_sampling_strategy: group_by_length
+learning_rate: 5.0e-5
+report_to: none
+YAML
+step "bench MPNet bf16 long reviews (MFU), ReviewTrainer by tokens" 150 $PY -m finetune bench /tmp/long.yaml \
+  --device cuda --no_inference --bf16 true --updates 9 --micro_batch_tokens $TOKENS --output $RESULTS/bench-mpnet-long.json
+step "train drugscom-mpnet bf16 by tokens, with its checkpoints (breakdown)" 120 $PY -m finetune train \
+  recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --bf16 true --micro_batch_tokens $TOKENS \
+  --output_dir /tmp/run-mpnet-tokens --disable_tqdm true
+cp /tmp/run-mpnet-tokens/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-tokens.json 2>/dev/null
+step "exactness for any split, packing, first tokens, mixed precision, host syncs, resume on CUDA" 200 \
+  env FINETUNE_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider -n 0 tests/test_exactness.py \
+  tests/test_any_split.py tests/test_packed_attention.py tests/test_first_tokens.py tests/test_mixed_precision.py \
+  tests/test_host_syncs.py tests/test_schedule_and_logging.py \
+  "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 | tee $RESULTS/tests-cuda.txt
 echo "done in $((SECONDS - START))s"
