@@ -45,25 +45,36 @@ def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(tmp_path, tiny
     import finetune.commands.train
     import finetune.config.recipes
     import finetune.data.splits
+    import finetune.evaluation.bootstrap
     import finetune.evaluation.model_card
+    import finetune.evaluation.report
     import finetune.training.modeling
     from finetune.training.trainer import ReviewTrainer
 
-    # An evaluation after each update and the baseline, but no checkpoint: saves must take no time.
+    # An evaluation after each update, the baseline and a test split, but no checkpoint: saves must take no time.
     recipe = run_recipe(
-        tmp_path, tiny_model_dir, save_strategy="no", eval_strategy="steps", eval_steps=1, baseline="true"
+        tmp_path,
+        tiny_model_dir,
+        save_strategy="no",
+        eval_strategy="steps",
+        eval_steps=1,
+        baseline="true",
+        test_split_percentage=20,
     )
     clock = _LengthenedClock(monkeypatch)
     # One function inside each part, lengthened by its own amount (per call), far above a real run's seconds.
     clock.lengthen(monkeypatch, finetune.config.recipes, "load_recipe", "startup", 1000)
-    clock.lengthen(monkeypatch, finetune.data.splits, "load_review_data", "data", 2000)
+    clock.lengthen(monkeypatch, finetune.data.splits, "load_review_data", "read", 2000)
+    clock.lengthen(monkeypatch, finetune.data.splits, "tokenize_splits", "tokenize", 2500)
     clock.lengthen(monkeypatch, finetune.commands.train, "_fit_baseline", "baseline", 3000)
     clock.lengthen(monkeypatch, finetune.training.modeling, "load_classifier", "load", 4000)
     clock.lengthen(monkeypatch, ReviewTrainer, "__init__", "other", 5000)  # building the Trainer
     clock.lengthen(monkeypatch, ReviewTrainer, "training_step", "train_steps", 300)
     clock.lengthen(monkeypatch, ReviewTrainer, "evaluate", "evaluation", 700)
     clock.lengthen(monkeypatch, ReviewTrainer, "save_final_model", "final_save", 6000)
-    clock.lengthen(monkeypatch, finetune.evaluation.model_card, "write_model_card", "final_evaluation_and_report", 8000)
+    clock.lengthen(monkeypatch, finetune.evaluation.bootstrap, "score_intervals", "test_scoring", 6500)
+    clock.lengthen(monkeypatch, finetune.evaluation.report, "write_run_report", "report", 7000)
+    clock.lengthen(monkeypatch, finetune.evaluation.model_card, "write_model_card", "model_card", 8000)
 
     started = clock.real()
     assert main(["train", str(recipe)]) == 0
@@ -71,6 +82,8 @@ def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(tmp_path, tiny
     breakdown = _breakdown(tmp_path / "run")
     assert list(breakdown) == [*PARTS, "total"]
     assert clock.added["evaluation"] == 2 * 700  # the 2 updates were evaluated
+    # The baseline was fitted once, the test split scored once.
+    assert clock.added["baseline"] == 3000 and clock.added["test_scoring"] == 6500
     # Each part holds its added seconds plus at most the run's real seconds; a part lengthened by none took none.
     for part in PARTS:
         assert clock.added[part] <= breakdown[part] <= clock.added[part] + real_seconds, (part, breakdown, real_seconds)

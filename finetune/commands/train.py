@@ -108,11 +108,12 @@ def _train_checked(
         data = load_review_data(run.data, seed=args.seed)
         label_names = data.label_names
         check_classifier_head(run.model, len(label_names))  # the classes are known now, the model not loaded
-        clock.lap("data")
+        clock.lap("read")
         tokenizer = load_tokenizer(run.model, run.data.truncation_side)
         clock.lap("load")
         encoding = ReviewEncoding.from_fields(asdict(run.data))
         encoded, truncated = tokenize_splits(data.splits, tokenizer, encoding)
+        clock.lap("tokenize")
     data.report.count_truncated(truncated, encoding)
     if "validation" not in encoded and (args.eval_strategy != "no" or args.load_best_model_at_end):
         raise FinetuneError(
@@ -125,9 +126,10 @@ def _train_checked(
             encoded["train"] = distillation.attach(
                 data, encoded["train"], tokenizer, encoding, args.per_device_eval_batch_size
             )
+        clock.lap("teacher")
     if args.should_log:
         print("\n".join(data.report.summary_lines() + (distillation.notes if distillation else [])), file=sys.stderr)
-    clock.lap("data")
+    clock.lap("tokenize")
 
     # Baseline: the obvious alternative, fit on the same train split in seconds, so every
     # figure this run prints can be read against it.
@@ -232,6 +234,7 @@ def _train_checked(
     trainer.save_metrics("train", metrics)
     if baseline is not None:
         metrics["baseline"] = baseline.to_dict()
+    clock.lap("final_save")
 
     # Evaluate on the test split with the model that training ended with (the best, if asked).
     report = None
@@ -252,6 +255,7 @@ def _train_checked(
         if trainer.is_world_process_zero():
             report_path = Path(args.output_dir, "test_report.json")
             write_output_text(report_path, json.dumps(report, indent=2) + "\n")
+        clock.lap("test_scoring")
 
     # Report: pictures and their numbers in report/, then the model card. The card is written
     # last so that it, not a README.md from transformers' saving, is the one the folder keeps.
@@ -266,10 +270,12 @@ def _train_checked(
             test_report=report,
             baseline=metrics.get("baseline"),
         )
+        clock.lap("report")
         card = write_model_card(args.output_dir)
+        clock.lap("model_card")
         _print_summary(args.output_dir, metrics, train_seconds)
         print(f"pictures and numbers in {report_dir}, model card {card}", file=sys.stderr)
-    clock.lap("final_evaluation_and_report")
+        clock.lap("report")
     metrics["time_breakdown"] = clock.breakdown()
     if trainer.is_world_process_zero():
         add_to_run_metrics(report_dir, "time_breakdown", metrics["time_breakdown"])

@@ -1,4 +1,4 @@
-"""Where a run's wall-clock time goes: loading, data, baseline, training steps, evaluation, saves, the report.
+"""Where a run's wall-clock time goes: reading, tokenizing, the baseline, training steps, test scoring, the report.
 
 ``finetune train`` times itself as laps: each stretch of time goes to the
 part named when it ends, so the parts add up to the whole run exactly, and
@@ -15,17 +15,26 @@ import time
 PARTS = (
     "startup",  # imports and the checks made before any data is read
     "load",  # the tokenizer and the model's weights
-    "data",  # reading, cleaning and tokenizing the reviews (and a teacher's soft labels)
-    "baseline",  # the TF-IDF baseline
+    "read",  # reading, cleaning and splitting the reviews
+    "tokenize",  # the splits into token ids
+    "teacher",  # a teacher's soft labels (finetune distill)
+    "baseline",  # the TF-IDF baseline: its fit inline, or the wait for its process after training
     "train_steps",  # trainer.train() less the two below
     "evaluation",  # evaluations during training
     "checkpoint_saves",
     "final_save",  # the final model folder
-    "final_evaluation_and_report",  # the test split, report/, the model card
+    "test_scoring",  # the test split scored, test_report.json
+    "report",  # report/: pictures and metrics.json
+    "model_card",  # README.md
     "other",
 )
-LABELS = {"train_steps": "train steps", "checkpoint_saves": "checkpoint saves", "final_save": "final save"}
-LABELS["final_evaluation_and_report"] = "test + report"
+LABELS = {
+    "train_steps": "train steps",
+    "checkpoint_saves": "checkpoint saves",
+    "final_save": "final save",
+    "test_scoring": "test scoring",
+    "model_card": "model card",
+}
 
 
 class RunClock:
