@@ -41,7 +41,10 @@ class _LengthenedClock:
         monkeypatch.setattr(owner, name, lengthened)
 
 
-def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(tmp_path, tiny_model_dir, capsys, monkeypatch):
+@pytest.mark.parametrize("beside", [False, True], ids=["baseline inline", "baseline beside training"])
+def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(
+    tmp_path, tiny_model_dir, capsys, monkeypatch, beside
+):
     import finetune.commands.train
     import finetune.config.recipes
     import finetune.data.splits
@@ -49,6 +52,7 @@ def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(tmp_path, tiny
     import finetune.evaluation.model_card
     import finetune.evaluation.report
     import finetune.training.modeling
+    from finetune.evaluation import baseline_process
     from finetune.training.trainer import ReviewTrainer
 
     # An evaluation after each update, the baseline and a test split, but no checkpoint: saves must take no time.
@@ -61,12 +65,16 @@ def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(tmp_path, tiny
         baseline="true",
         test_split_percentage=20,
     )
+    monkeypatch.setattr(baseline_process, "runs_beside_training", lambda device_type: beside)
     clock = _LengthenedClock(monkeypatch)
     # One function inside each part, lengthened by its own amount (per call), far above a real run's seconds.
     clock.lengthen(monkeypatch, finetune.config.recipes, "load_recipe", "startup", 1000)
     clock.lengthen(monkeypatch, finetune.data.splits, "load_review_data", "read", 2000)
     clock.lengthen(monkeypatch, finetune.data.splits, "tokenize_splits", "tokenize", 2500)
-    clock.lengthen(monkeypatch, finetune.commands.train, "_fit_baseline", "baseline", 3000)
+    # Inline, the fit; beside the training, the wait for its process after training (which the fit's
+    # seconds in the other process do not count in): either is the run's baseline time.
+    fit_or_wait = "_collect_baseline" if beside else "_fit_baseline"
+    clock.lengthen(monkeypatch, finetune.commands.train, fit_or_wait, "baseline", 3000)
     clock.lengthen(monkeypatch, finetune.training.modeling, "load_classifier", "load", 4000)
     clock.lengthen(monkeypatch, ReviewTrainer, "__init__", "other", 5000)  # building the Trainer
     clock.lengthen(monkeypatch, ReviewTrainer, "training_step", "train_steps", 300)
@@ -82,7 +90,9 @@ def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(tmp_path, tiny
     breakdown = _breakdown(tmp_path / "run")
     assert list(breakdown) == [*PARTS, "total"]
     assert clock.added["evaluation"] == 2 * 700  # the 2 updates were evaluated
-    # The baseline was fitted once, the test split scored once.
+    # The baseline was fitted (or waited for) once, the test split scored once. Mutation check: the wait
+    # lapped as the test scoring's (clock.lap("test_scoring") after _collect_baseline in _train_checked)
+    # fails the loop below for the baseline beside training.
     assert clock.added["baseline"] == 3000 and clock.added["test_scoring"] == 6500
     # Each part holds its added seconds plus at most the run's real seconds; a part lengthened by none took none.
     for part in PARTS:

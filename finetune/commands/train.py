@@ -63,7 +63,9 @@ def train(
             check_classifier_head(run.model, len(run.data.class_names))
         # Every process has checked the folder and the checkpoint before the main one changes anything.
         args.distributed_state.wait_for_everyone()
-        return _train_checked(run, recipe, overrides, callbacks, resume, clock, distillation)
+        # Work started beside the run (the baseline's process) ends with it, however it ends.
+        with contextlib.ExitStack() as beside_the_run:
+            return _train_checked(run, recipe, overrides, callbacks, resume, clock, distillation, beside_the_run)
 
 
 def _train_checked(
@@ -74,16 +76,20 @@ def _train_checked(
     resume: str | None,
     clock: Any,
     distillation: Any = None,
+    beside_the_run: contextlib.ExitStack | None = None,
 ) -> dict[str, Any]:
     """Read the data, train, save, evaluate and report a recipe whose arguments have passed every check.
 
     ``clock`` (a :class:`finetune.training.run_clock.RunClock`) is lapped at each part's end.
+    ``beside_the_run`` ends what the run starts beside itself (the baseline's process) when the run ends;
+    without it, the baseline is fitted inline.
     """
     import transformers
     from transformers import DataCollatorWithPadding, set_seed
 
     from ..data.encoding import ReviewEncoding
     from ..data.splits import load_review_data, tokenize_splits
+    from ..evaluation.baseline_process import runs_beside_training
     from ..evaluation.bootstrap import score_intervals
     from ..evaluation.inference import predict_probabilities
     from ..evaluation.metrics import build_compute_metrics, classification_report
@@ -109,6 +115,13 @@ def _train_checked(
         label_names = data.label_names
         check_classifier_head(run.model, len(label_names))  # the classes are known now, the model not loaded
         clock.lap("read")
+        # Baseline: the obvious alternative, fit on the same train split, so every figure this run prints can
+        # be read against it. Where cores are free (beside an accelerator, say) it is fitted in a process of
+        # its own from here on and collected after training; elsewhere inline, below.
+        baseline_job = None
+        if args.baseline and main_process and beside_the_run is not None and runs_beside_training(args.device.type):
+            baseline_job = beside_the_run.enter_context(_start_baseline(data, args.seed))
+            clock.lap("baseline")
         tokenizer = load_tokenizer(run.model, run.data.truncation_side)
         clock.lap("load")
         encoding = ReviewEncoding.from_fields(asdict(run.data))
@@ -131,10 +144,11 @@ def _train_checked(
         print("\n".join(data.report.summary_lines() + (distillation.notes if distillation else [])), file=sys.stderr)
     clock.lap("tokenize")
 
-    # Baseline: the obvious alternative, fit on the same train split in seconds, so every
-    # figure this run prints can be read against it.
-    baseline = _fit_baseline(data, args.seed) if args.baseline and main_process else None
-    clock.lap("baseline")
+    # The baseline inline, where no process fits it beside the training.
+    baseline = None
+    if args.baseline and main_process and baseline_job is None:
+        baseline = _fit_baseline(data, args.seed)
+        clock.lap("baseline")
 
     # Model: the pretrained encoder with a new head for these classes. Seeded first,
     # so the head's random initialisation (and so the whole run) repeats with the seed.
@@ -232,8 +246,6 @@ def _train_checked(
     if calibration is not None:
         metrics["calibration_temperature"] = calibration["temperature"]
     trainer.save_metrics("train", metrics)
-    if baseline is not None:
-        metrics["baseline"] = baseline.to_dict()
     clock.lap("final_save")
 
     # Evaluate on the test split with the model that training ended with (the best, if asked).
@@ -256,6 +268,14 @@ def _train_checked(
             report_path = Path(args.output_dir, "test_report.json")
             write_output_text(report_path, json.dumps(report, indent=2) + "\n")
         clock.lap("test_scoring")
+
+    # The baseline's process has fitted beside the training (and the test scoring); the run waits
+    # for what is left of it, if anything.
+    if baseline_job is not None:
+        baseline = _collect_baseline(baseline_job)
+        clock.lap("baseline")
+    if baseline is not None:
+        metrics["baseline"] = baseline.to_dict()
 
     # Report: pictures and their numbers in report/, then the model card. The card is written
     # last so that it, not a README.md from transformers' saving, is the one the folder keeps.
@@ -429,27 +449,65 @@ def _early_stopping(args: Any) -> list[Any]:
     return [EarlyStoppingCallback(args.early_stopping_patience, args.early_stopping_threshold)]
 
 
-def _fit_baseline(data: Any, seed: int) -> Any:
-    """Fit the TF-IDF baseline on the train split, score it on validation and test, and say so."""
-    from ..evaluation.baseline import run_baseline
-
+def _baseline_inputs(data: Any) -> tuple[Any, Any, dict[str, tuple[Any, Any]]]:
+    """The train split's texts and labels, and the splits the baseline is scored on (validation, test)."""
     splits = data.splits
     to_score = {
         split: (splits[split]["text"], splits[split]["labels"]) for split in ("validation", "test") if split in splits
     }
+    return splits["train"]["text"], splits["train"]["labels"], to_score
+
+
+def _fit_baseline(data: Any, seed: int) -> Any:
+    """Fit the TF-IDF baseline on the train split, score it on validation and test, and say so."""
+    from ..evaluation.baseline import run_baseline
+
+    train_texts, train_labels, to_score = _baseline_inputs(data)
     try:
-        result = run_baseline(splits["train"]["text"], splits["train"]["labels"], to_score, data.label_names, seed=seed)
+        result = run_baseline(train_texts, train_labels, to_score, data.label_names, seed=seed)
     except ValueError as error:
-        # scikit-learn's vectorizers give up on a handful of reviews ("no terms remain"); the run need not.
-        print(f"baseline skipped: it cannot be fit on these reviews ({error})", file=sys.stderr)
+        _say_baseline_skipped(error)
         return None
+    _say_baseline(result)
+    return result
+
+
+def _start_baseline(data: Any, seed: int) -> Any:
+    """The baseline's fit started in a process of its own: a ``BaselineProcess``, to collect after training."""
+    from ..evaluation.baseline_process import BaselineProcess
+
+    train_texts, train_labels, to_score = _baseline_inputs(data)
+    return BaselineProcess(train_texts, train_labels, to_score, data.label_names, seed=seed)
+
+
+def _collect_baseline(job: Any) -> Any:
+    """Wait for the baseline's process; its result, said as an inline fit says it, or None (said too)."""
+    from ..evaluation.baseline_process import BaselineProcessFailed
+
+    try:
+        result = job.result()
+    except ValueError as error:
+        _say_baseline_skipped(error)
+        return None
+    except BaselineProcessFailed as failure:
+        print(f"baseline skipped: {failure}", file=sys.stderr)
+        return None
+    _say_baseline(result)
+    return result
+
+
+def _say_baseline_skipped(error: ValueError) -> None:
+    # scikit-learn's vectorizers give up on a handful of reviews ("no terms remain"); the run need not.
+    print(f"baseline skipped: it cannot be fit on these reviews ({error})", file=sys.stderr)
+
+
+def _say_baseline(result: Any) -> None:
     scores = ", ".join(
         f"{split} accuracy {score['accuracy']:.3f}, macro-F1 {score['macro_f1']:.3f}"
         for split, score in result.scores.items()
     )
     note = f"; {result.note}" if result.note else ""
     print(f"baseline (TF-IDF + logistic regression, {result.fit_seconds:.1f}s): {scores}{note}", file=sys.stderr)
-    return result
 
 
 def _print_summary(output_dir: str, metrics: dict[str, Any], train_seconds: float) -> None:
