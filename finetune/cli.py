@@ -15,6 +15,7 @@
 | ``export MODEL --int8 [--output DIR] [--backend B] [--fp32_fallback M]`` | :func:`finetune.commands.export.export` |
 | ``serve MODEL [--host H] [--port N] [--token T] [--max_reviews N] ...`` | :func:`finetune.commands.serve.serve` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory] [--device D]`` | :func:`finetune.commands.bench.bench` |
+| ``bench RECIPE --scaling [--sizes S] [--max_reviews N]`` | :func:`finetune.commands.bench_scaling.bench_scaling` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
 | ``model list [--cache_dir DIR]`` | :func:`finetune.training.fetched_models.fetched_models_table` |
@@ -191,6 +192,31 @@ def _serve(options: argparse.Namespace, extra: list[str]) -> None:
 
 
 def _bench(options: argparse.Namespace, extra: list[str]) -> None:
+    if options.scaling:
+        if options.memory:
+            raise FinetuneError("--scaling and --memory are two benches; run them one at a time")
+        if options.device != "cpu":
+            raise FinetuneError(
+                "--device is for the training systems' bench; --scaling trains where finetune train would "
+                "(on the GPU when there is one); drop --device"
+            )
+        from .commands.bench_scaling import bench_scaling
+
+        bench_scaling(
+            options.recipe,
+            extra,
+            sizes=options.sizes,
+            max_reviews=options.max_reviews,
+            updates=options.updates,
+            synthetic=options.synthetic,
+            output=options.output,
+        )
+        return
+    scaling_only = [flag for flag in ("sizes", "max_reviews", "synthetic") if getattr(options, flag) is not None]
+    if scaling_only:
+        raise FinetuneError(f"--{scaling_only[0]} goes with --scaling; add --scaling, or drop it")
+    if options.recipe is None:
+        raise FinetuneError("finetune bench needs a recipe, e.g. finetune bench recipes/drugscom.yaml")
     from .commands.bench import bench
 
     bench(
@@ -515,16 +541,54 @@ def build_cli() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench",
-        help="ReviewTrainer vs stock Trainer vs the classic loop on a recipe; --memory for peak memory against n",
+        help=(
+            "ReviewTrainer vs stock Trainer vs the classic loop on a recipe; --memory for peak memory against n; "
+            "--scaling for how each stage of a run grows with the reviews"
+        ),
         description="Recipe fields can be overridden after the options, e.g. --per_device_train_batch_size 16.",
     )
-    bench.add_argument("recipe", help="a recipe YAML file, e.g. recipes/drugscom.yaml")
-    bench.add_argument("--updates", type=positive_int, default=20, help="updates each system trains for (default: 20)")
+    bench.add_argument(
+        "recipe",
+        nargs="?",
+        help="a recipe YAML file, e.g. recipes/drugscom.yaml; with --scaling also a CSV, TSV or JSONL file of reviews",
+    )
+    bench.add_argument(
+        "--updates",
+        type=positive_int,
+        default=20,
+        help="updates each system trains for; with --scaling, each run's max_steps (default: 20)",
+    )
     bench.add_argument("--output", help="also save the report as JSON here")
     bench.add_argument("--memory", action="store_true", help="peak memory of ReviewTrainer for n in 1, 4, 16 and 4b")
     bench.add_argument("--no_inference", action="store_true", help="skip the prediction throughput comparison")
     bench.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where the systems train (default: cpu)"
+    )
+    bench.add_argument(
+        "--scaling",
+        action="store_true",
+        help=(
+            "how each stage of finetune train grows with the number of reviews: train --max_steps UPDATES on "
+            "nested subsets of the reviews, each in a fresh process; a table of seconds per stage and size, "
+            "each stage's growth exponent, and the stages growing faster than linearly"
+        ),
+    )
+    bench.add_argument(
+        "--sizes",
+        help="with --scaling: the subsets, smallest first, as fractions of the reviews or counts "
+        "(default: 1/8,1/4,1/2,1)",
+    )
+    bench.add_argument(
+        "--max_reviews",
+        type=positive_int,
+        help="with --scaling: draw at most this many reviews (seeded) from the source first, so the runs fit "
+        "the time at hand",
+    )
+    bench.add_argument(
+        "--synthetic",
+        type=positive_int,
+        metavar="N",
+        help="with --scaling: train on N synthetic reviews (seeded, written on demand, 5 star classes) instead",
     )
     bench.set_defaults(handler=_bench)
 

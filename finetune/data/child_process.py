@@ -39,8 +39,12 @@ _ENDS_WITH_PARENT = (
 )
 
 
-def run_python_module(module: str, arguments: list[str], stopped: str) -> subprocess.CompletedProcess[str]:
+def run_python_module(
+    module: str, arguments: list[str], stopped: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m module arguments`` to its end, its output captured as text, as ``subprocess.run`` would.
+
+    ``env``, when given, is the child's whole environment (``subprocess.Popen``'s).
 
     A SIGTERM or SIGHUP to this process ends the child's whole process group,
     then raises :class:`StoppedBySignal` with ``"stopped by SIGTERM while
@@ -56,6 +60,7 @@ def run_python_module(module: str, arguments: list[str], stopped: str) -> subpro
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
         start_new_session=True,  # its own process group, which a terminal's Ctrl-C does not reach: forwarded below
     )
     try:

@@ -48,14 +48,17 @@ _CHUNK = 10_000
 
 
 def synthetic_reviews(count: int, seed: int = 0) -> Iterator[tuple[str, int]]:
-    """``count`` (review, stars) pairs, the same for the same seed; stars 1 to 5 in about equal numbers."""
+    """``count`` (review, stars) pairs, stars 1 to 5 in about equal numbers; fewer are the first of more.
+
+    Every chunk of reviews draws its random numbers in full, used or not, so
+    the first n reviews of a seed are the same whatever ``count`` is.
+    """
     rng = np.random.default_rng(seed)
     filler = np.array(FILLER_WORDS)
     cues = [np.array(CUE_WORDS[stars]) for stars in range(1, 6)]
     for start in range(0, count, _CHUNK):
-        reviews = min(_CHUNK, count - start)
-        stars = rng.integers(1, 6, reviews)
-        sentences = np.clip(np.rint(rng.lognormal(np.log(MEDIAN_SENTENCES), 0.9, reviews)), 1, MAX_SENTENCES)
+        stars = rng.integers(1, 6, _CHUNK)
+        sentences = np.clip(np.rint(rng.lognormal(np.log(MEDIAN_SENTENCES), 0.9, _CHUNK)), 1, MAX_SENTENCES)
         sentences = sentences.astype(int)
         lengths = rng.integers(5, 16, sentences.sum())
         words = filler[rng.integers(0, len(filler), lengths.sum())]
@@ -66,7 +69,7 @@ def synthetic_reviews(count: int, seed: int = 0) -> Iterator[tuple[str, int]]:
         cue_index = rng.integers(0, 100, len(lengths))
         cue_slot = (rng.random(len(lengths)) * lengths).astype(int)
         sentence, word = 0, 0
-        for review in range(reviews):
+        for review in range(min(_CHUNK, count - start)):
             parts = []
             for _ in range(sentences[review]):
                 tokens = list(words[word : word + lengths[sentence]])

@@ -123,18 +123,18 @@ def test_tune_into_a_folder_that_is_not_a_search(tmp_path, tiny_model_dir, capsy
     assert snapshot(run_dir) == before and sorted(run_dir.rglob("*")) == names
 
 
-@pytest.mark.parametrize("command", ["bench", "baseline"])
+@pytest.mark.parametrize("command", [["bench"], ["baseline"], ["bench", "--scaling"]], ids=" ".join)
 def test_report_output_refused_before_the_work(tmp_path, tiny_model_dir, capsys, command):
     # bench once ran every system for minutes, then died on a missing --output folder with a traceback.
     write_csv(tmp_path / "train.csv", GOOD_ROWS)
     recipe = recipe_with(tmp_path, tiny_model_dir)
     missing = tmp_path / "missing" / "report.json"
-    assert run_cli([command, recipe, "--output", missing], capsys) == (
+    assert run_cli([command[0], recipe, *command[1:], "--output", missing], capsys) == (
         f"error: --output {missing}: folder {missing.parent} does not exist; create it or choose another --output"
     )
     earlier = tmp_path / "report.json"
     earlier.write_text("an earlier report\n", encoding="utf-8")
-    assert run_cli([command, recipe, "--output", earlier], capsys) == (
+    assert run_cli([command[0], recipe, *command[1:], "--output", earlier], capsys) == (
         f"error: {earlier} already exists; choose another --output or remove it"
     )
     assert earlier.read_text(encoding="utf-8") == "an earlier report\n"
