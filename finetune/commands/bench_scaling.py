@@ -331,6 +331,8 @@ def _scaling_source(
         recipe_from_values({**values, "dataset_dir": str(workdir)}, bench_flags, recipe)
         return ScalingSource({"train": source_file}, f"{description}, {recipe}'s settings", values, bench_flags, notes)
     files = _recipe_files(run.data)
+    if values.get("extra_train_file"):
+        notes.append(f"the recipe's extra_train_file {values['extra_train_file']} trains whole at every size")
     values = {key: value for key, value in values.items() if key not in dropped}
     recipe_from_values({**values, "dataset_dir": str(workdir)}, bench_flags, recipe)
     described = ", ".join(f"{split} {path}" for split, path in files.items())
