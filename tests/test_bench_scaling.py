@@ -54,11 +54,12 @@ def test_scaling_trains_each_size_in_a_fresh_process(tmp_path, tiny_model_dir, m
         assert list(run["time_breakdown"]) == [*PARTS, "total"]
         assert run["time_breakdown"]["checkpoint_saves"] == 0  # no checkpoints
         assert run["process_seconds"] >= run["time_breakdown"]["total"] > 0
+        assert run["load_average_after"] >= 0
     assert set(report["growth"]) == {*PARTS, "total", "process"}
     assert report["span"] == 4.0
     out = capsys.readouterr().out
     assert "| stage | 170 reviews | 680 reviews | exponent | growth |" in out
-    assert "| train steps |" in out and "| test scoring |" in out
+    assert "| train steps |" in out and "| test scoring |" in out and "| load average after (1 min) |" in out
     assert "faster than linearly" in out.splitlines()[-1]  # the verdict, whichever it is
     assert list(scratch.iterdir()) == []  # the subsets, runs and datasets caches are gone
 

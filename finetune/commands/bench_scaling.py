@@ -120,6 +120,9 @@ def bench_scaling(
             counts = split_counts(total, split_rows)
             print(f"scaling: {sum(counts.values()):,} reviews ({index}/{len(reviews)})", file=sys.stderr)
             runs.append(_run_size(source, tables, orders, counts, workdir / f"size-{index}"))
+            # Other work on the machine shows here: a size whose load is well above the run's own threads
+            # was timed beside something else, and its seconds say less.
+            runs[-1]["load_average_after"] = round(os.getloadavg()[0], 2)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -263,6 +266,8 @@ def format_scaling_report(report: dict[str, Any]) -> str:
         exponent = "-" if row["exponent"] is None else f"{row['exponent']:.2f}".replace("-0.00", "0.00")
         cells = " | ".join(f"{seconds:.1f}" for seconds in row["seconds"])
         lines.append(f"| {labels.get(stage, stage)} | {cells} | {exponent} | {row['verdict']} |")
+    loads = " | ".join(f"{run.get('load_average_after', float('nan')):.1f}" for run in report["runs"])
+    lines.append(f"| load average after (1 min) | {loads} | | |")
     limit, span = report["faster_than_linear_above"], report["span"]
     rule = (
         f"exponent above {limit:.2f} over this {span:.1f}x span: 1 + {NLOGN_ALLOWANCE} for n log n + "
@@ -389,6 +394,7 @@ def _run_size(
     import yaml
 
     from ..data.child_process import run_python_module
+    from ..training.run_clock import format_breakdown
 
     reviews_dir = folder / "reviews"
     reviews_dir.mkdir(parents=True)
@@ -410,7 +416,9 @@ def _run_size(
         raise FinetuneError(f"the run on {reviews:,} reviews failed: {said.removeprefix('error: ')}")
     metrics = json.loads((run_dir / "report" / "metrics.json").read_text(encoding="utf-8"))
     shutil.rmtree(folder, ignore_errors=True)  # the model and the subset: disk is freed size by size
-    print(f"scaling: {reviews:,} reviews done in {process_seconds:.0f}s", file=sys.stderr)
+    # Each size's breakdown as it comes: a bench stopped part-way still shows the sizes it ran.
+    breakdown = format_breakdown(metrics["time_breakdown"]).replace(":\n  ", ": ")
+    print(f"scaling: {reviews:,} reviews done in {process_seconds:.0f}s; {breakdown}", file=sys.stderr)
     return {
         "reviews": reviews,
         "splits": counts,
