@@ -192,3 +192,16 @@ def _ended(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return "\nState:\tZ" in status
+
+
+@pytest.mark.parametrize(
+    ("device_type", "cores", "threads", "beside"),
+    [("cuda", 2, 2, True), ("cpu", 2, 2, False), ("cpu", 16, 8, True), ("cpu", 4, 4, False)],
+)
+def test_beside_training_on_an_accelerator_or_spare_cores(monkeypatch, device_type, cores, threads, beside):
+    # Mutation check: >= for > in runs_beside_training fits beside torch's 2 threads on 2 cores: fails.
+    import torch
+
+    monkeypatch.setattr(baseline_process, "available_cores", lambda: cores)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    assert baseline_process.runs_beside_training(device_type) is beside
