@@ -293,6 +293,18 @@ class FinetuneTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Train into an output_dir that already holds a run (its checkpoint-* folders are removed)."},
     )
+    background_checkpoint_saves: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "Write checkpoints in a background thread while training goes on: a save waits only while the "
+                "weights, optimizer and random states are copied to CPU memory (one extra copy, held until the "
+                "write ends). The checkpoints, the crash safety and resuming are the same as with false. "
+                "Used on one process without DeepSpeed, FSDP, push_to_hub or a callback that reads the "
+                "checkpoint in on_save; elsewhere saves are written in place, as with false."
+            )
+        },
+    )
     max_nonfinite_updates: int = field(
         default=5,
         metadata={

@@ -9,6 +9,8 @@ checkpoint or none of it, and the previous one untouched. Resuming with
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import re
@@ -18,9 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, sort_checkpoints
+from transformers.utils import logging
 
 from ..errors import FinetuneError
+from .background_saves import BackgroundWriter, CheckpointSnapshot, cpu_copy, reads_checkpoint_on_save, rng_states
+
+logger = logging.get_logger("transformers.trainer")
 
 COMPLETE_MARKER = "finetune_checkpoint_complete.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -253,6 +260,15 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(error).__name__
 
 
+def _save_error(final: Path, run_dir: Path, error: BaseException) -> FinetuneError:
+    """The one line a failed checkpoint save stops the run with, naming the checkpoint that is kept."""
+    previous = latest_complete_checkpoint(run_dir)
+    kept = f"the previous checkpoint {previous} is kept" if previous else "no earlier checkpoint exists"
+    return FinetuneError(
+        f"cannot save {final} ({_save_failure(error)}); {kept}; free disk space or choose another output_dir"
+    )
+
+
 def _save_failure(error: BaseException) -> str:
     """Why a save failed, in a few words: the OS's reason where it can be found, else the library's first line."""
     if isinstance(error, OSError) and error.strerror:
@@ -269,10 +285,45 @@ def _save_failure(error: BaseException) -> str:
 
 
 class CrashSafeCheckpoints:
-    """A ``Trainer`` mixin: atomic checkpoints with a completion marker, and safe weight loading."""
+    """A ``Trainer`` mixin: atomic checkpoints with a completion marker, and safe weight loading.
+
+    With ``background_checkpoint_saves`` a checkpoint is copied into CPU memory
+    while training waits and written by a background thread (``background_saves.py``).
+    """
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """Trainer's ``train()``, which returns (or raises) only once no checkpoint is being written."""
+        try:
+            return super().train(*args, **kwargs)
+        except BaseException:
+            # The exception that stopped training is the one to report; the write is finished first, so
+            # its checkpoint is whole (a write that failed too has removed its partial folder: say so).
+            try:
+                self.finish_checkpoint_write()
+            except Exception as error:
+                logger.warning(f"{error}")
+            raise
+
+    def finish_checkpoint_write(self) -> None:
+        """Wait for the checkpoint being written in the background, if any; raise its error if it failed.
+
+        Called before the next save, at the end of training and before anything
+        reads the run's checkpoints, so that they see only complete ones.
+        """
+        writer: BackgroundWriter | None = getattr(self, "_checkpoint_writer", None)
+        if writer is None:
+            return
+        try:
+            writer.wait()
+        except FinetuneError:
+            self.state.best_model_checkpoint = self._best_before_write  # that checkpoint does not exist
+            raise
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """Trainer's checkpoint, written to a staging folder and renamed into place when complete."""
+        # The previous background write first: the best checkpoint's folder, the newest complete one
+        # and rotation must be those of finished writes, and only one copy is held in memory at a time.
+        self.finish_checkpoint_write()
         run_dir = Path(self._get_output_dir(trial=trial))
         final = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         # Skipped updates keep bad numbers out of the weights; if some got in anyway, keep them off disk.
@@ -287,6 +338,15 @@ class CrashSafeCheckpoints:
             best = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}"
             if best == final or best.is_dir():
                 self.state.best_model_checkpoint = str(best)
+        snapshot = self._checkpoint_snapshot() if self._saves_in_background() else None
+        if snapshot is not None:
+            self._best_before_write = best_before
+            self._checkpoint_writer = getattr(self, "_checkpoint_writer", None) or BackgroundWriter()
+            self._checkpoint_writer.start(
+                functools.partial(self._write_in_background, snapshot, run_dir, staging, final),
+                name=f"finetune-save-{final.name}",
+            )
+            return
         try:
             if self.args.should_save:
                 shutil.rmtree(staging, ignore_errors=True)  # left by a kill during an earlier save
@@ -295,23 +355,87 @@ class CrashSafeCheckpoints:
             self._write_checkpoint_files(staging)
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
-                self._publish(staging, final)
+                self._publish(staging, final, self.state.global_step)
         except Exception as error:
             # A full disk or a file-size limit surfaces as an OSError from Python, but as SafetensorError
             # or RuntimeError from safetensors and torch.save: every one leaves a partial folder to remove.
             if self.args.should_save:
                 shutil.rmtree(staging, ignore_errors=True)
             self.state.best_model_checkpoint = best_before  # this checkpoint does not exist
-            previous = latest_complete_checkpoint(run_dir)
-            kept = f"the previous checkpoint {previous} is kept" if previous else "no earlier checkpoint exists"
-            raise FinetuneError(
-                f"cannot save {final} ({_save_failure(error)}); {kept}; free disk space or choose another output_dir"
-            ) from error
+            raise _save_error(final, run_dir, error) from error
 
         if self.args.push_to_hub:
             self._push_from_checkpoint(str(final))  # as stock: every save with hub_strategy every_save / checkpoint
         if self.args.should_save:
-            self._rotate_complete_checkpoints(run_dir)
+            self._rotate_complete_checkpoints(run_dir, self.state.best_model_checkpoint)
+
+    def _saves_in_background(self) -> bool:
+        """Whether this save may be written by a background thread: asked for, and as exact and safe as in place.
+
+        Only inside ``train()`` and on one process: several would have to meet at
+        a barrier around the save, from a thread. Not with DeepSpeed or FSDP,
+        which save through collectives, nor with ``push_to_hub`` or a callback
+        that reads the folder in ``on_save``: both expect it in place.
+        """
+        return (
+            bool(getattr(self.args, "background_checkpoint_saves", False))
+            and self.is_in_train
+            and self.args.world_size == 1
+            and self.args.should_save
+            and not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
+            and not self.args.push_to_hub
+            and not any(reads_checkpoint_on_save(callback) for callback in self.callback_handler.callbacks)
+        )
+
+    def _checkpoint_snapshot(self) -> CheckpointSnapshot | None:
+        """Everything the checkpoint holds, as ``_write_checkpoint_files`` would write it now, copied to CPU memory.
+
+        None on a device whose random state only Trainer's own save knows (the save is then synchronous).
+        """
+        from transformers.training_args import ParallelMode
+
+        save_all = not self.args.save_only_model
+        rng = rng_states(self.args.parallel_mode == ParallelMode.DISTRIBUTED) if save_all else None
+        if save_all and rng is None:
+            return None
+        scaler = getattr(self.accelerator, "scaler", None)
+        self._record_callback_states()
+        return CheckpointSnapshot(
+            global_step=self.state.global_step,
+            model_state=cpu_copy(self.model.state_dict()),
+            optimizer_state=cpu_copy(self.optimizer.state_dict()) if save_all else None,
+            scheduler_state=cpu_copy(self.lr_scheduler.state_dict()) if save_all else None,
+            scaler_state=cpu_copy(scaler.state_dict()) if save_all and scaler is not None else None,
+            rng_state=rng,
+            trainer_state=copy.deepcopy(self.state),
+        )
+
+    def _write_in_background(self, snapshot: CheckpointSnapshot, run_dir: Path, staging: Path, final: Path) -> None:
+        """The background thread's part of a save: write, flush, mark, rename, then rotate."""
+        try:
+            shutil.rmtree(staging, ignore_errors=True)  # left by a kill during an earlier save
+            staging.mkdir(parents=True)
+            self._write_snapshot(snapshot, staging)
+            self._publish(staging, final, snapshot.global_step)
+        except Exception as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise _save_error(final, run_dir, error) from error
+        self._rotate_complete_checkpoints(run_dir, snapshot.trainer_state.best_model_checkpoint)
+
+    def _write_snapshot(self, snapshot: CheckpointSnapshot, staging: Path) -> None:
+        """The files ``_write_checkpoint_files`` writes, from ``snapshot`` instead of the live objects."""
+        from transformers.trainer import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+
+        # Trainer's own model saving (weights, config, tokenizer, training_args.bin), given the copied weights.
+        self._save(str(staging), state_dict=snapshot.model_state)
+        if snapshot.optimizer_state is not None:
+            torch.save(snapshot.optimizer_state, staging / OPTIMIZER_NAME)
+            torch.save(snapshot.scheduler_state, staging / SCHEDULER_NAME)
+        if snapshot.scaler_state is not None:
+            torch.save(snapshot.scaler_state, staging / SCALER_NAME)
+        if snapshot.rng_state is not None:
+            torch.save(snapshot.rng_state, staging / "rng_state.pth")
+        snapshot.trainer_state.save_to_json(str(staging / TRAINER_STATE_NAME))
 
     def _write_checkpoint_files(self, staging: Path) -> None:
         """What Trainer saves in a checkpoint: model, optimizer, scheduler, scaler, RNG states, state."""
@@ -321,18 +445,22 @@ class CrashSafeCheckpoints:
             self._save_scaler(str(staging))
             self._save_rng_state(str(staging))
         if self.args.should_save:
-            from transformers.trainer_callback import ExportableState
-
-            for callback in [*self.callback_handler.callbacks, self.control]:
-                if isinstance(callback, ExportableState):
-                    name = callback.__class__.__name__
-                    if isinstance(self.state.stateful_callbacks.get(name), list):
-                        self.state.stateful_callbacks[name].append(callback.state())
-                    else:
-                        self.state.stateful_callbacks[name] = callback.state()
+            self._record_callback_states()
             self.state.save_to_json(str(staging / "trainer_state.json"))
 
-    def _publish(self, staging: Path, final: Path) -> None:
+    def _record_callback_states(self) -> None:
+        """Put the stateful callbacks' states into ``state``, as Trainer does before writing it."""
+        from transformers.trainer_callback import ExportableState
+
+        for callback in [*self.callback_handler.callbacks, self.control]:
+            if isinstance(callback, ExportableState):
+                name = callback.__class__.__name__
+                if isinstance(self.state.stateful_callbacks.get(name), list):
+                    self.state.stateful_callbacks[name].append(callback.state())
+                else:
+                    self.state.stateful_callbacks[name] = callback.state()
+
+    def _publish(self, staging: Path, final: Path, global_step: int) -> None:
         # Flush every file, then mark, then rename: the marker is never on disk before the data.
         for path in staging.rglob("*"):
             if path.is_file():
@@ -340,7 +468,7 @@ class CrashSafeCheckpoints:
         marker = staging / COMPLETE_MARKER
         # The settings an exact resume must share (check_resume compares them).
         settings = {name: getattr(self.args, name) for name in EXACT_RESUME_SETTINGS}
-        marker.write_text(json.dumps({"global_step": self.state.global_step, **settings}) + "\n", encoding="utf-8")
+        marker.write_text(json.dumps({"global_step": global_step, **settings}) + "\n", encoding="utf-8")
         _fsync(marker)
         if final.exists():  # the same step saved again (e.g. after a resume): replace it whole
             replaced = final.with_name(f".{final.name}.replaced")
@@ -352,13 +480,13 @@ class CrashSafeCheckpoints:
             os.replace(staging, final)
         _fsync(final.parent)
 
-    def _rotate_complete_checkpoints(self, run_dir: Path) -> None:
+    def _rotate_complete_checkpoints(self, run_dir: Path, best_model_checkpoint: str | None) -> None:
         # Incomplete checkpoints never count toward save_total_limit, and Trainer's rotation
         # keeps the best one; with a limit of 1 it keeps the best and the newest.
         rotate_checkpoints(
             output_dir=str(run_dir),
             save_total_limit=self.args.save_total_limit,
-            best_model_checkpoint=self.state.best_model_checkpoint,
+            best_model_checkpoint=best_model_checkpoint,
             use_mtime=False,
         )
 

@@ -26,6 +26,10 @@ EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 class StopOnSignal(TrainerCallback):
     """Turns SIGINT / SIGTERM into "save at the next update and stop"."""
 
+    # Its on_save only notes the update: a checkpoint may still be written in the background
+    # (training waits for that write before it ends).
+    reads_checkpoint_on_save = False
+
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}

@@ -873,6 +873,10 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         this method's name. ``num_train_samples`` is unused, since the loop
         counts the samples it trained.
         """
+        # A checkpoint still being written in the background is finished (or its failure raised)
+        # before the best one is loaded and the run ends: only then is every checkpoint complete.
+        with self._timed("checkpoint_saves"):
+            self.finish_checkpoint_write()
         loss_sum, mass, samples = self._run_loss.reduced(self.accelerator)
         # 0.0 when no update was made (a finished run resumed from its last checkpoint), as stock reports it.
         train_loss = loss_sum / mass if mass else 0.0

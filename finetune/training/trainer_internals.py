@@ -85,6 +85,7 @@ TRAINER_MEMBERS: tuple[TrainerMember, ...] = (
     TrainerMember("_save_optimizer_and_scheduler", "called", ("output_dir",), "training/checkpointing.py"),
     TrainerMember("_save_rng_state", "called", ("output_dir",), "training/checkpointing.py"),
     TrainerMember("_save_scaler", "called", ("output_dir",), "training/checkpointing.py"),
+    TrainerMember("_save", "called", ("output_dir", "state_dict"), "training/checkpointing.py: background saves"),
     # Attributes: set by Trainer and read by us, or set by us and read by Trainer's methods.
     TrainerMember("_train_batch_size", "attribute", (), "training/trainer.py: the banner's micro-batch"),
     TrainerMember("_memory_tracker", "attribute", (), "training/trainer.py: _finalize_training's metrics"),
