@@ -182,11 +182,13 @@ def test_signal_during_the_final_save_lets_it_finish_and_the_run_resumes(tmp_pat
 
 def test_signal_during_a_checkpoint_save_stops_at_that_checkpoint(tmp_path, tiny_model_dir):
     # The save finished, but training went on one more update to save another checkpoint.
+    # Saves in place: a background write runs while training goes on, so a signal during it stops at a
+    # later update (tests/test_background_saves.py has that case).
     run_dir = tmp_path / "run"
     recipe = tiny_recipe(
         tmp_path, tiny_model_dir, run_dir,
         max_steps=6, per_device_train_batch_size=4, eval_strategy="no", save_strategy="steps", save_steps=2,
-        load_best_model_at_end="false", baseline="false",
+        load_best_model_at_end="false", baseline="false", background_checkpoint_saves="false",
     )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
     stopped = subprocess.run(
