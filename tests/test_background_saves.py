@@ -328,6 +328,43 @@ def test_train_that_raises_finishes_the_pending_write_first(
     assert (tmp_path / "checkpoint-2" / COMPLETE_MARKER).is_file()
 
 
+class NaNFromUpdate3:
+    """compute_loss that goes non-finite from the third update on."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return loss * float("nan") if self.state.global_step >= 2 else loss
+
+
+def test_a_run_that_diverges_names_the_checkpoint_still_being_written(
+    tmp_path, tiny_model_dir, tokenizer, writes_wait_for_training
+):
+    from finetune import FinetuneError
+
+    trainer = type("Diverging", (NaNFromUpdate3, ReviewTrainer), {})(
+        model=BertForSequenceClassification.from_pretrained(tiny_model_dir),
+        args=quiet_args(
+            tmp_path,
+            per_device_train_batch_size=4,
+            max_steps=6,
+            save_strategy="steps",
+            save_steps=1,
+            max_nonfinite_updates=1,
+        ),
+        train_dataset=review_dataset(tokenizer, 24),
+        data_collator=DataCollatorWithPadding(tokenizer),
+    )
+    with pytest.raises(FinetuneError) as stopped:
+        trainer.train()
+    # Checkpoint-2's write was held when update 3 failed: the message waits for it and names it.
+    assert str(stopped.value) == (
+        "1 updates in a row had a non-finite loss or gradient (the last is update 3); "
+        f"the last good checkpoint is {tmp_path / 'checkpoint-2'}; lower learning_rate, "
+        "check the data for broken rows, or raise max_nonfinite_updates"
+    )
+    assert writes_wait_for_training == [1, 2]
+
+
 class ReadsOnSave(TrainerCallback):
     """Looks for each checkpoint in ``on_save``, as the wandb and MLflow integrations upload it there."""
 

@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -107,6 +108,18 @@ def reads_checkpoint_on_save(callback: Any) -> bool:
     return on_save is not TrainerCallback.on_save
 
 
+# The write in flight into each run folder: anything in this process that looks for the newest
+# complete checkpoint (latest_complete_checkpoint) waits for it first, as the trainer does.
+_writes_in_flight: dict[Path, BackgroundWriter] = {}
+
+
+def wait_for_write_into(folder: str | Path) -> None:
+    """Block until a background write into ``folder`` has ended; a failure is left for its trainer to raise."""
+    writer = _writes_in_flight.get(Path(folder).resolve())
+    if writer is not None:
+        writer.join()
+
+
 class BackgroundWriter:
     """At most one write in flight, in its own thread; its exception is raised by the next :meth:`wait`.
 
@@ -117,21 +130,19 @@ class BackgroundWriter:
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
+        self._folder: Path | None = None
         self._error: BaseException | None = None
         # Set once someone waits for the write in flight (tests hold a write back until then).
         self.waited = threading.Event()
 
-    @property
-    def busy(self) -> bool:
-        """Whether a write was started and not yet waited for."""
-        return self._thread is not None
-
-    def start(self, write: Callable[[], None], name: str) -> None:
-        """Run ``write`` in a new thread; the caller has waited for the previous one."""
+    def start(self, write: Callable[[], None], name: str, folder: str | Path) -> None:
+        """Run ``write``, which writes into ``folder``, in a new thread; the previous write was waited for."""
         if self._thread is not None:
             raise RuntimeError("a checkpoint write is still in flight; wait() for it before starting another")
         self.waited = threading.Event()
+        self._folder = Path(folder).resolve()
         self._thread = threading.Thread(target=self._run, args=(write,), name=name, daemon=False)
+        _writes_in_flight[self._folder] = self
         self._thread.start()
 
     def _run(self, write: Callable[[], None]) -> None:
@@ -140,12 +151,23 @@ class BackgroundWriter:
         except BaseException as error:  # handed to the training thread, which raises it at its next wait
             self._error = error
 
+    def join(self) -> None:
+        """Block until the write in flight has ended, leaving its exception for :meth:`wait`.
+
+        A no-op in the writer's own thread (its error message names the newest complete checkpoint too).
+        """
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            self.waited.set()
+            thread.join()
+
     def wait(self) -> None:
         """Block until the write in flight has ended; raise its exception, if it raised one."""
+        self.join()
         if self._thread is not None:
-            self.waited.set()
-            self._thread.join()
             self._thread = None
+            if _writes_in_flight.get(self._folder) is self:
+                del _writes_in_flight[self._folder]
         error, self._error = self._error, None
         if error is not None:
             raise error

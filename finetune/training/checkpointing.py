@@ -25,7 +25,14 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.utils import logging
 
 from ..errors import FinetuneError
-from .background_saves import BackgroundWriter, CheckpointSnapshot, cpu_copy, reads_checkpoint_on_save, rng_states
+from .background_saves import (
+    BackgroundWriter,
+    CheckpointSnapshot,
+    cpu_copy,
+    reads_checkpoint_on_save,
+    rng_states,
+    wait_for_write_into,
+)
 
 logger = logging.get_logger("transformers.trainer")
 
@@ -46,7 +53,11 @@ def is_complete_checkpoint(folder: str | Path) -> bool:
 
 
 def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete ``checkpoint-N`` in ``output_dir`` (incomplete ones are skipped)."""
+    """The newest complete ``checkpoint-N`` in ``output_dir`` (incomplete ones are skipped).
+
+    A checkpoint this process is writing into ``output_dir`` in the background is waited for first.
+    """
+    wait_for_write_into(output_dir)
     folder = Path(output_dir)
     if not folder.is_dir():
         return None
@@ -345,6 +356,7 @@ class CrashSafeCheckpoints:
             self._checkpoint_writer.start(
                 functools.partial(self._write_in_background, snapshot, run_dir, staging, final),
                 name=f"finetune-save-{final.name}",
+                folder=run_dir,
             )
             return
         try:
