@@ -31,6 +31,9 @@ def die() -> None:
 class KillAt(TrainerCallback):
     def __init__(self, point: str, step: int) -> None:
         self.point, self.step = point, step
+        # Its on_save needs the checkpoint in place only to kill after or during a save; the other
+        # kill points run with the default background saves.
+        self.reads_checkpoint_on_save = point in ("after-save", "during-save")
 
     def on_substep_end(self, args, state, control, **kwargs):
         if self.point == "mid-window" and state.global_step == self.step:
