@@ -331,7 +331,11 @@ class CrashSafeCheckpoints:
             raise
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """Trainer's checkpoint, written to a staging folder and renamed into place when complete."""
+        """Trainer's checkpoint, written to a staging folder and renamed into place when complete.
+
+        Where ``_saves_in_background`` allows, training waits only for a copy in CPU
+        memory, and a background thread writes, renames and rotates.
+        """
         # The previous background write first: the best checkpoint's folder, the newest complete one
         # and rotation must be those of finished writes, and only one copy is held in memory at a time.
         self.finish_checkpoint_write()
