@@ -113,7 +113,7 @@ def test_soft_labels_are_cached_and_reused(tmp_path, tiny_model_dir, teacher_run
     assert main(again) == 0
     second = capsys.readouterr().err
     (stored,) = (cache / "soft-labels").glob("*.npy")
-    assert "teacher soft labels for 458 reviews computed in " in first and f", cached in {stored}" in first
+    assert "teacher soft labels for 458 reviews computed in " in first and f"; cached in {stored}" in first
     assert "read from the cache" not in first
     assert f"teacher soft labels for 458 reviews read from the cache ({stored})" in second
     assert "computed in" not in second
