@@ -270,7 +270,7 @@ def test_a_run_timed_apart_from_the_counted_one_starts_from_the_same_weights(tmp
     data = load_review_data(run.data, seed=run.training.seed)
     tokenizer = load_tokenizer(run.model, run.data.truncation_side)
     encoded, _ = tokenize_splits(data.splits, tokenizer, ReviewEncoding.from_fields(asdict(run.data)))
-    specs = _speed_specs(recipe, [], run.training, encoded["train"], tmp_path, data.label_names, 2)
+    specs = _speed_specs(recipe, [], run.training, encoded["train"], tmp_path, data.label_names, 2, [])
     for spec in specs:
         spec.timed_apart = False
         alone = _train_system(spec, Updates())
