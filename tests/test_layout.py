@@ -7,9 +7,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).parent.parent / "finetune"
 # Lowest first. Top-level modules: errors.py is the floor; cli.py, __init__.py and __main__.py the roof.
+# fetching sits below data and training: a recipe's dataset or model name is followed down to files, never back up.
 # export sits between training (it reads run records and pooling) and evaluation (inference runs its models).
 # serve sits above evaluation (it answers with inference and explanations), below commands (serve starts it).
-LAYERS = ["errors", "config", "data", "training", "export", "evaluation", "serve", "commands", "cli"]
+LAYERS = ["errors", "config", "fetching", "data", "training", "export", "evaluation", "serve", "commands", "cli"]
 
 
 def layer_of(module: str) -> int:
