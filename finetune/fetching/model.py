@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from ..data.wheels import (
+from ..errors import FinetuneError
+from .wheels import (
     cache_root,
     copy_stream,
     download_wheel,
@@ -33,7 +34,6 @@ from ..data.wheels import (
     verify,
     work_folder,
 )
-from ..errors import FinetuneError
 
 
 @dataclass(frozen=True)
