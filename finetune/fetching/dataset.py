@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from ..errors import FinetuneError
-from .catalog import CATALOG, PROJECT_ROOT, CatalogEntry
+from .catalog import CATALOG, PROJECT_ROOT, CatalogEntry, markdown_table
 from .wheels import (
     cache_root,
     copy_stream,
@@ -84,11 +84,17 @@ def catalog_table(cache_dir: str | None = None) -> str:
 
     A check dataset has no recipe of its own: its row says how to check one on it.
     """
-    lines = ["| name | task | source | cached | recipe |", "| --- | --- | --- | --- | --- |"]
-    for entry in CATALOG.values():
-        recipe = entry.recipe if entry.purpose == "train" else f"none: finetune check RECIPE {entry.name}"
-        lines.append(f"| {entry.name} | {entry.task} | {entry.location} | {cache_state(entry, cache_dir)} | {recipe} |")
-    return "\n".join(lines)
+    rows = [
+        [
+            entry.name,
+            entry.task,
+            entry.location,
+            cache_state(entry, cache_dir),
+            entry.recipe if entry.purpose == "train" else f"none: finetune check RECIPE {entry.name}",
+        ]
+        for entry in CATALOG.values()
+    ]
+    return markdown_table(["name", "task", "source", "cached", "recipe"], rows)
 
 
 def fetch(
