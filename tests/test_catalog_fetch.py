@@ -112,6 +112,14 @@ def test_fetch_replaces_a_corrupted_copy(entry, wheelhouse, cache):
     assert leftovers(cache) == []
 
 
+def test_files_hashed_once_are_still_checked_against_other_pins(entry, wheelhouse, cache):
+    fetch(entry, find_links=str(wheelhouse), quiet=True)
+    assert is_cached(entry)  # hashed, and remembered for this process
+    repinned = dataclasses.replace(entry, file_sha256=dict.fromkeys(entry.file_sha256, ZERO))
+    assert not is_cached(repinned)  # same folder, other pins: what was remembered does not answer for them
+    assert is_cached(entry)
+
+
 @pytest.mark.parametrize(
     ("wrong", "what"),
     [

