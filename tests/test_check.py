@@ -16,8 +16,8 @@ from helpers import PROJECT, tiny_recipe
 
 from finetune.cli import main
 from finetune.commands.check import CHECK_RECIPE, check_label_bins
-from finetune.data.catalog import CATALOG, CatalogEntry
 from finetune.errors import FinetuneError
+from finetune.fetching.catalog import CATALOG, CatalogEntry
 
 REVIEWS = PROJECT / "data" / "reviews"
 THREE_CLASSES = {"negative": (1, 2), "neutral": (3, 3), "positive": (4, 5)}

@@ -16,10 +16,10 @@ import yaml
 
 from finetune.config.arguments import DataArguments
 from finetune.config.recipes import load_recipe
-from finetune.data.catalog import CATALOG
 from finetune.data.cleaning import clean_texts
 from finetune.data.encoding import ReviewEncoding
 from finetune.data.splits import EMPTY_TEXT, MISSING_LABEL, OUTSIDE_BINS, load_review_data, tokenize_splits
+from finetune.fetching.catalog import CATALOG
 
 PROJECT = Path(__file__).parent.parent
 SHARED_DRUGSCOM = PROJECT.parent / "shared" / "data" / "drugscom"
@@ -133,18 +133,18 @@ def test_max_train_samples_is_a_seeded_random_subset(tmp_path):
 
 def test_catalog_entry_reads_the_fetched_files(tmp_path, monkeypatch):
     """dataset_name: drugscom reads the files the fetch step put in the cache."""
-    import finetune.data.fetch
+    import finetune.fetching.dataset
 
     rows = [{"drugName": "X", "review": '"It&#039;s fine"', "rating": "neutral"}] * 3
     rows += [{"drugName": "Y", "review": '"Awful"', "rating": "negative"}] * 3
     rows += [{"drugName": "Z", "review": '"Great"', "rating": "positive"}] * 3
-    folder = finetune.data.fetch.dataset_folder(CATALOG["drugscom"], str(tmp_path))
+    folder = finetune.fetching.dataset.dataset_folder(CATALOG["drugscom"], str(tmp_path))
     folder.mkdir(parents=True)
     write_rows(folder / "drugsComTrain.tsv", rows)
     write_rows(folder / "drugsComTest.tsv", rows)
     fetched = []
     monkeypatch.setattr(
-        finetune.data.fetch, "fetch", lambda entry, cache_dir=None: fetched.append(entry.name) or folder
+        finetune.fetching.dataset, "fetch", lambda entry, cache_dir=None: fetched.append(entry.name) or folder
     )
     args = DataArguments(
         dataset_name="drugscom", data_cache_dir=str(tmp_path), text_column="review", label_column="rating"

