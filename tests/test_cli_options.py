@@ -13,7 +13,9 @@ import dataclasses
 
 import pytest
 
+from finetune.cli import build_cli
 from finetune.cli_parser import build_parser, options_from
+from finetune.commands.options import COMMANDS
 from finetune.commands.options.fields import Command, argument, option
 from finetune.commands.options.values import positive_int
 from finetune.errors import FinetuneError
@@ -101,3 +103,12 @@ def test_a_flag_that_is_on_unless_turned_off_is_refused():
     with pytest.raises(TypeError) as refused:
         build_parser([Command("wrong", help="", options=Wrong, run=print)], prog="x", description="")
     assert str(refused.value) == "Wrong.loud: a bool is a flag defaulting to False"
+
+
+def test_build_cli_lists_every_registered_command_in_order():
+    subcommands = next(action for action in build_cli()._actions if action.dest == "command").choices
+    assert list(subcommands) == [command.name for command in COMMANDS]
+    assert list(subcommands) == [
+        "train", "distill", "check", "evaluate", "baseline", "tune", "predict", "export", "serve", "bench", "data",
+        "model",
+    ]  # fmt: skip
