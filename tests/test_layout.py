@@ -6,7 +6,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent.parent / "finetune"
-# Lowest first. Top-level modules: errors.py is the floor; cli.py, __init__.py and __main__.py the roof.
+# Lowest first. Top-level modules: errors.py is the floor; the others (cli.py, cli_parser.py, __init__.py,
+# __main__.py) the roof.
 # fetching sits below data and training: a recipe's dataset or model name is followed down to files, never back up.
 # export sits between training (it reads run records and pooling) and evaluation (inference runs its models).
 # serve sits above evaluation (it answers with inference and explanations), below commands (serve starts it).
@@ -17,7 +18,7 @@ def layer_of(module: str) -> int:
     """The layer of a dotted module name inside the package, e.g. ``finetune.data.splits`` -> data's."""
     parts = module.split(".")[1:] or ["cli"]
     first = parts[0]
-    if first in ("__init__", "__main__"):
+    if first in ("__init__", "__main__") or (first != "errors" and (PACKAGE / f"{first}.py").is_file()):
         first = "cli"
     return LAYERS.index(first)
 

@@ -1,0 +1,26 @@
+"""Each subcommand's options, declared once: the parser and ``--help`` are generated from them.
+
+A new subcommand is one module here (its options dataclass, its ``run`` and its
+:class:`~finetune.commands.options.fields.Command`) and one line in :data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+from . import baseline, bench, catalogs, check, distill, evaluate, export, predict, serve, train, tune
+from .fields import Command
+
+# In the order ``finetune --help`` lists them.
+COMMANDS: tuple[Command, ...] = (
+    train.COMMAND,
+    distill.COMMAND,
+    check.COMMAND,
+    evaluate.COMMAND,
+    baseline.COMMAND,
+    tune.COMMAND,
+    predict.COMMAND,
+    export.COMMAND,
+    serve.COMMAND,
+    bench.COMMAND,
+    catalogs.DATA,
+    catalogs.MODEL,
+)
