@@ -10,7 +10,8 @@ PACKAGE = Path(__file__).parent.parent / "finetune"
 # fetching sits below data and training: a recipe's dataset or model name is followed down to files, never back up.
 # export sits between training (it reads run records and pooling) and evaluation (inference runs its models).
 # serve sits above evaluation (it answers with inference and explanations), below commands (serve starts it).
-LAYERS = ["errors", "config", "fetching", "data", "training", "export", "evaluation", "serve", "commands", "cli"]
+# pipeline sits above serve and below commands: the stages of a run, and what several commands share.
+LAYERS = ["errors", "config", "fetching", "data", "training", "export", "evaluation", "serve", "pipeline", "commands", "cli"]
 
 
 def layer_of(module: str) -> int:

@@ -155,7 +155,7 @@ def _calibration_texts(
 ) -> tuple[list[str], str]:
     """Up to ``count`` reviews to calibrate on, as the model reads them, and where they came from."""
     if calibration is not None:
-        from .predict import read_model_inputs
+        from ..pipeline.review_rows import read_model_inputs
 
         return read_model_inputs(model_dir, calibration, limit=count), f"the first reviews of {calibration}"
     if run_config is None:

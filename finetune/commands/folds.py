@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FinetuneError
-from .repeats import Repeat, run_repeats
+from ..pipeline.repeats import Repeat, run_repeats
 
 
 def train_folds(recipe: str | None, overrides: list[str] | None, folds: int) -> dict[str, Any]:

@@ -14,13 +14,13 @@ from typing import Any
 
 from ..config.arguments import MAX_SEED
 from ..errors import FinetuneError
-from .repeats import Repeat, run_repeats
+from ..pipeline.repeats import Repeat, run_repeats
 
 
 def train_seeds(recipe: str | None, overrides: list[str] | None, seeds: int, teacher: Any = None) -> dict[str, Any]:
     """Train ``recipe`` with ``seeds`` consecutive seeds; returns (and writes) the per-run figures and their summary.
 
-    With ``teacher`` (a :class:`finetune.commands.distill.TeacherRun`), each seed is a student of it.
+    With ``teacher`` (a :class:`finetune.pipeline.teacher.TeacherRun`), each seed is a student of it.
     """
     from ..config.recipes import load_recipe
 

@@ -49,14 +49,14 @@ def run_repeats(
     ``kind`` names a run's key ("seed", "fold") and the summary files;
     ``scored_on`` names the reviews each run is scored on ("test", "fold");
     ``repeat_flags`` (``["--seeds", "3"]``) say how the user asked for the repeats;
-    with ``teacher`` (a :class:`finetune.commands.distill.TeacherRun`) every run is its student.
+    with ``teacher`` (a :class:`finetune.pipeline.teacher.TeacherRun`) every run is its student.
     A run already finished in its folder with the same recipe values and flags
     is not trained again (unless ``overwrite``): its scores are read back, so a
     stopped ``--seeds 3`` goes on from where it stopped.
     """
     from ..config.recipes import load_recipe
     from ..training.runs import check_output_dir, holds_run
-    from .train import HOW_TO_RUN_FLAGS, train, without_flags
+    from .run import HOW_TO_RUN_FLAGS, train, without_flags
 
     resume = load_recipe(recipe, overrides).training.resume_from_checkpoint
     if resume is not None and str(resume) != "auto":
@@ -169,7 +169,7 @@ def finished_run_metrics(
     """
     from ..config.recipes import load_recipe, recipe_from_values, typed_values
     from ..training.runs import RUN_CONFIG, changed_data_files, data_fields_on_record
-    from .train import HOW_TO_RUN_FLAGS
+    from .run import HOW_TO_RUN_FLAGS
 
     if not _holds_finished_report(output_dir):
         return None
