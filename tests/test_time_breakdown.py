@@ -50,7 +50,7 @@ def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(
     import finetune.evaluation.bootstrap
     import finetune.evaluation.model_card
     import finetune.evaluation.report
-    import finetune.pipeline.run
+    import finetune.pipeline.baseline
     import finetune.training.modeling
     from finetune.evaluation import baseline_process
     from finetune.training.trainer import ReviewTrainer
@@ -74,7 +74,7 @@ def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(
     # Inline, the fit; beside the training, the wait for its process after training (which the fit's
     # seconds in the other process do not count in): either is the run's baseline time.
     fit_or_wait = "_collect_baseline" if beside else "_fit_baseline"
-    clock.lengthen(monkeypatch, finetune.pipeline.run, fit_or_wait, "baseline", 3000)
+    clock.lengthen(monkeypatch, finetune.pipeline.baseline, fit_or_wait, "baseline", 3000)
     clock.lengthen(monkeypatch, finetune.training.modeling, "load_classifier", "load", 4000)
     clock.lengthen(monkeypatch, ReviewTrainer, "__init__", "other", 5000)  # building the Trainer
     clock.lengthen(monkeypatch, ReviewTrainer, "training_step", "train_steps", 300)

@@ -296,8 +296,8 @@ def _scaling_source(
 ) -> ScalingSource:
     """The source's files and what every run is given: a recipe's values less its source, and the flags."""
     from ..config.recipes import read_recipe_file, recipe_from_values
+    from ..pipeline.flags import without_flags
     from ..pipeline.own_reviews import flags_without_recipe
-    from ..pipeline.run import without_flags
 
     if recipe is None and synthetic is None:
         raise FinetuneError(

@@ -85,7 +85,7 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
         )
     if seeds < 1:
         raise FinetuneError(f"--seeds must be >= 1 (got {seeds}); e.g. --seeds 3")
-    from ..pipeline.run import without_flags
+    from ..pipeline.flags import without_flags
 
     # The recipe's own data, as it trains on it: its classes, and its split sizes, which the draw copies.
     own_flags = without_flags(overrides, {f"--{name}": True for name in SAMPLE_FIELDS})

@@ -22,6 +22,7 @@ from typing import Any
 from ..config.launch import launched_rank
 from ..config.output_files import write_output_text
 from ..errors import FinetuneError, TrainingInterrupted
+from .flags import HOW_TO_RUN_FLAGS, without_flags
 
 
 @dataclass
@@ -56,7 +57,7 @@ def run_repeats(
     """
     from ..config.recipes import load_recipe
     from ..training.runs import check_output_dir, holds_run
-    from .run import HOW_TO_RUN_FLAGS, train, without_flags
+    from .run import train
 
     resume = load_recipe(recipe, overrides).training.resume_from_checkpoint
     if resume is not None and str(resume) != "auto":
@@ -169,7 +170,6 @@ def finished_run_metrics(
     """
     from ..config.recipes import load_recipe, recipe_from_values, typed_values
     from ..training.runs import RUN_CONFIG, changed_data_files, data_fields_on_record
-    from .run import HOW_TO_RUN_FLAGS
 
     if not _holds_finished_report(output_dir):
         return None

@@ -261,20 +261,6 @@ def read_unlabeled_reviews(data_args: Any) -> list[str]:
     return kept
 
 
-def check_not_distilling(run: Any, overrides: list[str] | None) -> None:
-    """Refuse distillation settings in a plain ``finetune train``, which would ignore them."""
-    from ..config.recipes import flag_names
-
-    given = set(run.values) | flag_names(overrides or [])
-    options = ("unlabeled_file", "unlabeled_sentences", "distill_alpha", "distill_temperature")
-    named = [name for name in options if name in given]
-    if named:
-        raise FinetuneError(
-            f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} for 'finetune distill TEACHER_RUN RECIPE'; "
-            "run that, or drop them to train without a teacher"
-        )
-
-
 def _soft_label_cache() -> Path | None:
     """Where teachers' soft labels are kept: ``<cache>/soft-labels`` (none when the cache cannot be made)."""
     from ..fetching.wheels import cache_root
