@@ -28,7 +28,8 @@ def distill(
     # Every check that needs no data runs before anything is written.
     teacher = TeacherRun.open(teacher_run)
     if seeds is not None:
-        from .seeds import train_seeds
+        from ..pipeline.repeats import run_repeats, seed_repeats
 
-        return train_seeds(recipe, overrides, seeds, teacher=teacher)
+        overrides = list(overrides or [])
+        return run_repeats(recipe, overrides, seed_repeats(recipe, overrides, seeds), teacher=teacher)
     return teacher.train_student(recipe, overrides)
