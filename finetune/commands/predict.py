@@ -15,6 +15,8 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,23 +60,42 @@ def predict(
     is written; with ``on_bad_text="replace"`` it is read with U+FFFD in its
     place (:mod:`finetune.data.bad_text`).
     """
-    from tqdm.auto import tqdm
-
-    from ..config.output_files import is_stream
-    from ..data.encoding import ReviewEncoding
-    from ..evaluation.inference import (
-        check_batch_size,
-        load_inference_model,
-        predict_probabilities,
-        warn_if_model_changed,
-    )
     from ..training.runs import find_run_config
 
     # Every check before the model loads: a mistake costs a second, not an inference.
+    model_dir = Path(model_path)
+    output_path = _checked_output(model_dir, output_path, batch_size, overwrite, explain, on_bad_text)
+    data_fields = (find_run_config(model_dir) or {}).get("data", {})
+    rows, input_format = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
+    with _Output(output_path, input_format, replace=overwrite, raw_csv=raw_csv) as output, rows:
+        batches = rows.batches()
+        if not rows.is_stdin:
+            # A file's first rows are read before the model loads, so a broken file costs no load;
+            # stdin is not waited on, so the first review piped in finds the model ready.
+            first = list(itertools.islice(batches, 1))
+            batches = itertools.chain(first, batches)
+        reading = _Reading(model_dir, data_fields, text_column, input_path, batch_size, explain)
+        count, empty_reviews = _predict_batches(batches, reading, output)
+        if count == 0 and rows.is_stdin:
+            raise FinetuneError("no reviews on stdin; pipe one review per line or pass --input FILE")
+        if count == 0:
+            raise FinetuneError(f"{input_path} has no rows; give it at least one review")
+    _say_notes(rows.repaired_lines, empty_reviews, count)
+    if output_path:
+        print(f"wrote {count} predictions to {output_path}", file=sys.stderr)
+    return count
+
+
+def _checked_output(
+    model_dir: Path, output_path: str | None, batch_size: int, overwrite: bool, explain: bool, on_bad_text: str
+) -> str | None:
+    """``--output`` checked before anything is read (None: standard output), with the other options."""
+    from ..config.output_files import is_stream
+    from ..evaluation.inference import check_batch_size
+
     check_batch_size(batch_size)
     if on_bad_text not in ON_BAD_TEXT:
         raise FinetuneError(f"--on_bad_text must be one of {', '.join(ON_BAD_TEXT)} (got {on_bad_text!r})")
-    model_dir = Path(model_path)
     if explain and model_dir.is_dir():
         from ..evaluation.explain import require_explainable_folder
 
@@ -96,56 +117,77 @@ def predict(
         raise FinetuneError(
             f"--output {output_path}: unknown file type {suffix}; end it in .csv, .tsv or .jsonl (or .json for JSONL)"
         )
-    run_config = find_run_config(model_dir) or {}
-    data_fields = run_config.get("data", {})
-    rows, input_format = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
+    return output_path
 
-    with _Output(output_path, input_format, replace=overwrite, raw_csv=raw_csv) as output, rows:
-        batches = rows.batches()
-        if not rows.is_stdin:
-            # A file's first rows are read before the model loads, so a broken file costs no load;
-            # stdin is not waited on, so the first review piped in finds the model ready.
-            first = list(itertools.islice(batches, 1))
-            batches = itertools.chain(first, batches)
-        model, tokenizer = load_inference_model(model_dir)
-        # After the check: a model that does not work is refused in one line, with no warning before it.
-        warn_if_model_changed(model_dir, "its predictions")
-        encoding = ReviewEncoding.from_fields(data_fields)
-        label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
-        bar = tqdm(desc="predict", unit=" reviews", dynamic_ncols=True, disable=None)
-        column = None
-        count = 0
-        empty_reviews: list[int] = []  # 1-based, in input order
-        for batch in batches:
-            column = column or text_column or _guess_text_column(batch, data_fields.get("text_column"), input_path)
-            texts = _model_inputs(batch, column, data_fields.get("title_column"), data_fields.get("clean_text", True))
-            # An empty review is not scored: training drops such rows and stdin skips blank lines.
-            empty_reviews += [count + index + 1 for index, text in enumerate(texts) if not text]
-            nonempty = [text for text in texts if text]
-            probabilities = predict_probabilities(model, tokenizer, nonempty, batch_size, encoding) if nonempty else []
-            # The model's columns for each non-empty review, joined to its input row below.
-            results = [_result({}, probs, label_names) for probs in probabilities]
-            if explain:
-                _add_top_words(results, model, tokenizer, nonempty, probabilities, batch_size, encoding, output.format)
-            answers = iter(results)
-            output.write(
-                [
-                    {**row, **next(answers)} if text else _no_result(row, label_names, explain)
-                    for row, text in zip(batch, texts)
-                ]
+
+@dataclass
+class _Reading:
+    """How the rows are read and scored: the model folder, its recipe's data fields, and the options."""
+
+    model_dir: Path
+    data_fields: dict[str, Any]
+    text_column: str | None
+    input_path: str | None
+    batch_size: int
+    explain: bool
+
+
+def _predict_batches(
+    batches: Iterator[list[dict[str, Any]]], reading: _Reading, output: _Output
+) -> tuple[int, list[int]]:
+    """Score and write every batch; returns the rows written and the (1-based) numbers of the empty reviews."""
+    from tqdm.auto import tqdm
+
+    from ..data.encoding import ReviewEncoding
+    from ..evaluation.inference import load_inference_model, predict_probabilities, warn_if_model_changed
+
+    model, tokenizer = load_inference_model(reading.model_dir)
+    # After the check: a model that does not work is refused in one line, with no warning before it.
+    warn_if_model_changed(reading.model_dir, "its predictions")
+    fields = reading.data_fields
+    encoding = ReviewEncoding.from_fields(fields)
+    label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
+    bar = tqdm(desc="predict", unit=" reviews", dynamic_ncols=True, disable=None)
+    column = None
+    count = 0
+    empty_reviews: list[int] = []  # 1-based, in input order
+    for batch in batches:
+        column = (
+            column or reading.text_column or _guess_text_column(batch, fields.get("text_column"), reading.input_path)
+        )
+        texts = _model_inputs(batch, column, fields.get("title_column"), fields.get("clean_text", True))
+        # An empty review is not scored: training drops such rows and stdin skips blank lines.
+        empty_reviews += [count + index + 1 for index, text in enumerate(texts) if not text]
+        nonempty = [text for text in texts if text]
+        probabilities = (
+            predict_probabilities(model, tokenizer, nonempty, reading.batch_size, encoding) if nonempty else []
+        )
+        # The model's columns for each non-empty review, joined to its input row below.
+        results = [_result({}, probs, label_names) for probs in probabilities]
+        if reading.explain:
+            _add_top_words(
+                results, model, tokenizer, nonempty, probabilities, reading.batch_size, encoding, output.format
             )
-            count += len(batch)
-            bar.update(len(batch))
-        bar.close()
-        if count == 0 and rows.is_stdin:
-            raise FinetuneError("no reviews on stdin; pipe one review per line or pass --input FILE")
-        if count == 0:
-            raise FinetuneError(f"{input_path} has no rows; give it at least one review")
-    if rows.repaired_lines:
-        shown = ", ".join(map(str, rows.repaired_lines[:10])) + (", ..." if len(rows.repaired_lines) > 10 else "")
+        answers = iter(results)
+        output.write(
+            [
+                {**row, **next(answers)} if text else _no_result(row, label_names, reading.explain)
+                for row, text in zip(batch, texts)
+            ]
+        )
+        count += len(batch)
+        bar.update(len(batch))
+    bar.close()
+    return count, empty_reviews
+
+
+def _say_notes(repaired_lines: list[int], empty_reviews: list[int], count: int) -> None:
+    """Say which reviews were read with U+FFFD (--on_bad_text replace) and which were empty."""
+    if repaired_lines:
+        shown = ", ".join(map(str, repaired_lines[:10])) + (", ..." if len(repaired_lines) > 10 else "")
         print(
-            f"note: {len(rows.repaired_lines)} review{'s' if len(rows.repaired_lines) > 1 else ''} held text that is "
-            f"not Unicode (line{'s' if len(rows.repaired_lines) > 1 else ''} {shown}), read with U+FFFD in its place "
+            f"note: {len(repaired_lines)} review{'s' if len(repaired_lines) > 1 else ''} held text that is "
+            f"not Unicode (line{'s' if len(repaired_lines) > 1 else ''} {shown}), read with U+FFFD in its place "
             "(--on_bad_text replace)",
             file=sys.stderr,
         )
@@ -156,9 +198,6 @@ def predict(
             "as training drops empty reviews",
             file=sys.stderr,
         )
-    if output_path:
-        print(f"wrote {count} predictions to {output_path}", file=sys.stderr)
-    return count
 
 
 def _result(row: dict[str, Any], probs: Any, label_names: list[str]) -> dict[str, Any]:
