@@ -11,7 +11,19 @@ PACKAGE = Path(__file__).parent.parent / "finetune"
 # export sits between training (it reads run records and pooling) and evaluation (inference runs its models).
 # serve sits above evaluation (it answers with inference and explanations), below commands (serve starts it).
 # pipeline sits above serve and below commands: the stages of a run, and what several commands share.
-LAYERS = ["errors", "config", "fetching", "data", "training", "export", "evaluation", "serve", "pipeline", "commands", "cli"]
+LAYERS = [
+    "errors",
+    "config",
+    "fetching",
+    "data",
+    "training",
+    "export",
+    "evaluation",
+    "serve",
+    "pipeline",
+    "commands",
+    "cli",
+]
 
 
 def layer_of(module: str) -> int:
@@ -163,3 +175,20 @@ def test_fetching_sits_below_data_and_training():
         if any(target.startswith("finetune.fetching") for target in imported_modules(path))
     }
     assert {"data", "training"} <= importers
+
+
+# A command or a stage longer than this is several steps that want names of their own.
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_in_commands_or_pipeline_is_over_60_lines():
+    too_long = []
+    for folder in ("commands", "pipeline"):
+        for path in sorted((PACKAGE / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                # From the def line to the last line, docstring included.
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        too_long.append(f"{path.relative_to(PACKAGE)}: {node.name} is {lines} lines")
+    assert too_long == []
