@@ -1,7 +1,7 @@
 """``finetune predict``: a label and its probability for every review in a file or on stdin.
 
-Prediction streams: rows are read, scored and written in batches of
-``READ_ROWS`` (or fewer, when stdin has nothing more waiting), so memory stays
+Prediction streams: rows are read (:mod:`finetune.pipeline.review_rows`), scored and
+written in batches of ``READ_ROWS`` (or fewer, when stdin has nothing more waiting), so memory stays
 bounded on a file of any length and a review piped in on stdin is answered as
 soon as it arrives. Output goes to a hidden ``.partial`` file beside
 ``--output`` that replaces it only when every row is written, so a failure

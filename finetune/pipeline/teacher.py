@@ -1,13 +1,9 @@
-"""``finetune distill TEACHER_RUN RECIPE``: train big, ship small.
+"""A trained run as a teacher: its checked model, its soft labels (cached), and the student's training set.
 
-A trained run (the teacher, e.g. MPNet) labels the recipe's training reviews,
-and any ``unlabeled_file`` reviews, with its class probabilities; a student
-(the recipe's model, the packaged MiniLM by default) then trains on them and
-on the true labels (:mod:`finetune.training.distillation`). The teacher's
-probabilities are computed once per teacher, text and encoding and cached, so
-a second student (another seed, another alpha) starts at once. Everything else
-is ``finetune train``: the same checks, saves, test scores, baseline and
-report, and the model card names teacher and student with both scores.
+:class:`TeacherRun` opens and checks the teacher's folder and computes its
+log-probabilities once per teacher, text and encoding (:mod:`finetune.data.array_cache`);
+:class:`Distillation` is what the run's stages need to train a student of it
+(``finetune distill``, :mod:`finetune.commands.distill`).
 """
 
 from __future__ import annotations
