@@ -76,7 +76,7 @@ def test_the_server_answers_422_naming_the_review(token_server, route):
 
 
 def test_a_bad_line_past_the_first_batch_is_refused_before_any_row_is_printed(tiny_model_dir, tmp_path, capsys):
-    import finetune.commands.predict as predict_module
+    import finetune.pipeline.review_rows as predict_module
 
     source = tmp_path / "reviews.jsonl"
     jsonl(source, ["fine"] * 5 + [BAD])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import tiny_recipe
 
-import finetune.commands.train
+import finetune.pipeline.baseline
 from finetune.cli import main
 from finetune.commands.train import train
 from finetune.errors import FinetuneError
@@ -39,13 +39,13 @@ def _fit_beside(monkeypatch, beside: bool) -> list[BaselineProcess]:
     """Force the baseline inline or beside the training; the processes started are listed in the list returned."""
     monkeypatch.setattr(baseline_process, "runs_beside_training", lambda device_type: beside)
     started: list[BaselineProcess] = []
-    start = finetune.commands.train._start_baseline
+    start = finetune.pipeline.baseline._start_baseline
 
     def recorded(*args, **kwargs):
         started.append(start(*args, **kwargs))
         return started[-1]
 
-    monkeypatch.setattr(finetune.commands.train, "_start_baseline", recorded)
+    monkeypatch.setattr(finetune.pipeline.baseline, "_start_baseline", recorded)
     return started
 
 

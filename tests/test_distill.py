@@ -192,7 +192,7 @@ def _reads(split: str) -> list[str]:
 
 
 def test_unlabeled_sentences_come_from_the_train_split_only(tmp_path, tiny_model_dir, teacher_run, monkeypatch):
-    from finetune.commands.distill import TeacherRun
+    from finetune.pipeline.teacher import TeacherRun
 
     labelled: list[list[str]] = []
     compute = TeacherRun._compute

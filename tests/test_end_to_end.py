@@ -213,7 +213,7 @@ def test_messy_data_run_records_what_was_dropped_and_weighted(tmp_path, tiny_mod
 
 
 def test_predict_cleans_and_joins_like_training():
-    from finetune.commands.predict import _model_inputs
+    from finetune.pipeline.review_rows import _model_inputs
 
     rows = [{"title": "Nice", "review": "It&#039;s fine<br />Really"}, {"title": "", "review": "plain"}]
     assert _model_inputs(rows, "review", "title", clean=True) == ["Nice. It's fine\nReally", "plain"]

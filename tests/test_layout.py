@@ -11,7 +11,20 @@ PACKAGE = Path(__file__).parent.parent / "finetune"
 # fetching sits below data and training: a recipe's dataset or model name is followed down to files, never back up.
 # export sits between training (it reads run records and pooling) and evaluation (inference runs its models).
 # serve sits above evaluation (it answers with inference and explanations), below commands (serve starts it).
-LAYERS = ["errors", "config", "fetching", "data", "training", "export", "evaluation", "serve", "commands", "cli"]
+# pipeline sits above serve and below commands: the stages of a run, and what several commands share.
+LAYERS = [
+    "errors",
+    "config",
+    "fetching",
+    "data",
+    "training",
+    "export",
+    "evaluation",
+    "serve",
+    "pipeline",
+    "commands",
+    "cli",
+]
 
 
 def layer_of(module: str) -> int:
@@ -21,6 +34,12 @@ def layer_of(module: str) -> int:
     if first in ("__init__", "__main__") or (first != "errors" and (PACKAGE / f"{first}.py").is_file()):
         first = "cli"
     return LAYERS.index(first)
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of a module file inside the package, e.g. ``finetune.data.splits`` (a package: its own)."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(("finetune", *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -33,13 +52,116 @@ def imported_modules(path: Path) -> list[str]:
             base = package.split(".")
             base = base[: len(base) - node.level + 1]
             target = ".".join([*base, node.module] if node.module else base)
+            # "from .. import x" and "from ..pipeline import run" import the module x, run; "from .run import f", run.
             names = [target] if node.module else [f"{target}.{alias.name}" for alias in node.names]
+            if node.module:
+                names += [f"{target}.{alias.name}" for alias in node.names if _is_module(f"{target}.{alias.name}")]
             found.extend(names)
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("finetune"):
             found.append(node.module)
         elif isinstance(node, ast.Import):
             found.extend(alias.name for alias in node.names if alias.name.startswith("finetune"))
     return found
+
+
+def _is_module(name: str) -> bool:
+    """Whether a dotted name is a module or package of the finetune package (not a function or a class in one)."""
+    relative = Path(*name.split(".")[1:])
+    return (PACKAGE / relative).with_suffix(".py").is_file() or (PACKAGE / relative / "__init__.py").is_file()
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every package module and the package modules it imports, at module level or inside a function."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "metric_modules" in path.parts:
+            continue
+        # The package itself ("finetune") loads its public names lazily and is imported for its errors only.
+        targets = {target for target in imported_modules(path) if target != "finetune" and _is_module(target)}
+        graph[module_name(path)] = targets - {module_name(path)}
+    return graph
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of imports in ``graph`` (``[a, b, a]``: a imports b, b imports a), or [] when there is none."""
+    finished: set[str] = set()
+    for start in sorted(graph):
+        path: list[str] = []
+        on_path: set[str] = set()
+        stack = [(start, iter(sorted(graph.get(start, ()))))]
+        path.append(start)
+        on_path.add(start)
+        while stack:
+            node, targets = stack[-1]
+            target = next(targets, None)
+            if target is None:
+                stack.pop()
+                path.pop()
+                on_path.discard(node)
+                finished.add(node)
+            elif target in on_path:
+                return [*path[path.index(target) :], target]
+            elif target not in finished:
+                stack.append((target, iter(sorted(graph.get(target, ())))))
+                path.append(target)
+                on_path.add(target)
+    return []
+
+
+def test_no_import_circle_among_modules():
+    # A circle (train -> distill -> seeds -> repeats -> train, as there was) means no module of it can be
+    # read, tested or moved alone; function-local imports hide it from Python but not from a reader.
+    graph = import_graph()
+    assert len(graph) > 30
+    assert " -> ".join(import_circle(graph)) == ""
+
+
+def test_an_import_circle_is_found_and_named():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert import_circle(graph) == ["a", "b", "c", "a"]
+    assert import_circle({"a": {"b"}, "b": set()}) == []
+
+
+# Modules of commands/ that are one command's parts or modes rather than commands: bench's systems, its arithmetic
+# and its --scaling mode; train's --seeds and --folds.
+COMMAND_PARTS = {
+    "finetune.commands.bench_systems": "bench",
+    "finetune.commands.flops": "bench",
+    "finetune.commands.bench_scaling": "bench",
+    "finetune.commands.seeds": "train",
+    "finetune.commands.folds": "train",
+}
+# commands/options/ declares each command's options in a module named after it; these modules serve them all.
+OPTIONS_HELPERS = {"__init__", "fields", "values", "shared"}
+
+
+def command_of(module: str) -> str:
+    """The command a module of commands/ belongs to: ``train`` for commands.train, commands.seeds and options.train."""
+    if module.startswith("finetune.commands.options."):
+        name = module.rpartition(".")[2]
+        return "options" if name in OPTIONS_HELPERS else name
+    return COMMAND_PARTS.get(module, module.rpartition(".")[2])
+
+
+def test_no_command_imports_another_command():
+    # What commands share lives in pipeline/: a command that calls another reuses its flags and its output
+    # rather than stages with plain inputs and outputs. A command's options module starts that command only.
+    crossing = [
+        f"{module} imports {target}"
+        for module, targets in sorted(import_graph().items())
+        if module.startswith("finetune.commands.")
+        for target in sorted(targets)
+        if target.startswith("finetune.commands.")
+        and command_of(target) != command_of(module)
+        and not (command_of(target) == "options" and module.startswith("finetune.commands.options."))
+    ]
+    assert crossing == []
+
+
+def test_a_command_importing_another_is_caught():
+    assert command_of("finetune.commands.options.check") == command_of("finetune.commands.check") == "check"
+    assert command_of("finetune.commands.seeds") == "train"
+    assert command_of("finetune.commands.distill") != command_of("finetune.commands.seeds")
 
 
 def test_no_import_runs_up_a_layer():
@@ -76,3 +198,20 @@ def test_fetching_sits_below_data_and_training():
         if any(target.startswith("finetune.fetching") for target in imported_modules(path))
     }
     assert {"data", "training"} <= importers
+
+
+# A command or a stage longer than this is several steps that want names of their own.
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_in_commands_or_pipeline_is_over_60_lines():
+    too_long = []
+    for folder in ("commands", "pipeline"):
+        for path in sorted((PACKAGE / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                # From the def line to the last line, docstring included.
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        too_long.append(f"{path.relative_to(PACKAGE)}: {node.name} is {lines} lines")
+    assert too_long == []

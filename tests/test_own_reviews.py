@@ -102,7 +102,7 @@ def test_bad_own_data_is_one_line(tmp_path, capsys, rows, flags, message):
 
 
 def test_the_written_recipe_keeps_list_and_bare_flags(tmp_path):
-    from finetune.commands.own_reviews import recipe_text
+    from finetune.pipeline.own_reviews import recipe_text
 
     # Several words after one flag are one list value; a flag with no value is true.
     flags = ["--train_file", str(TRAIN), "--text_column", "review", "--label_column", "stars"]
@@ -162,7 +162,7 @@ def test_evaluation_turned_off_keeps_the_last_model(tmp_path, tiny_model_dir, ca
     ids=["eval-off-save-each-epoch", "save-off", "eval-steps", "eval-and-save-steps", "nothing-given"],
 )
 def test_the_best_model_defaults_follow_the_evaluation_and_save_flags(tmp_path, flags, decided, capsys):
-    from finetune.commands.own_reviews import flags_without_recipe
+    from finetune.pipeline.own_reviews import flags_without_recipe
 
     argv = ["--train_file", str(TRAIN), "--text_column", "review", "--label_column", "stars"]
     recipe = load_recipe(None, flags_without_recipe([*argv, "--output_dir", str(tmp_path / "out"), *flags]))

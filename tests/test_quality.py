@@ -293,7 +293,7 @@ def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_
 
     from helpers import PROJECT, tiny_recipe
 
-    import finetune.commands.train as train_module
+    import finetune.pipeline.run as train_module
     from finetune.cli import main
     from finetune.errors import TrainingInterrupted
 
@@ -334,7 +334,7 @@ def test_stopped_seeds_go_on_with_the_finished_ones_reused(tmp_path, tiny_model_
 
     # A run begun again over it (--overwrite_output_dir keeps the old report until the new one ends)
     # is not finished: finetune_run.json, written at the start, is newer than the report.
-    from finetune.commands.repeats import finished_run_metrics
+    from finetune.pipeline.repeats import finished_run_metrics
 
     flags_7 = [*flags, "--seed", "7", "--output_dir", str(seed_7)]
     assert finished_run_metrics(str(recipe), flags_7, seed_7)["test"]["accuracy"] == report["accuracy"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from finetune.commands.distill import TeacherRun
+from finetune.pipeline.teacher import TeacherRun
 
 TEXTS = [f"review {index} was {'great value' if index % 2 else 'broken on arrival'}" for index in range(12)]
 CLASSES = ["LABEL_0", "LABEL_1", "LABEL_2"]

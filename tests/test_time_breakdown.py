@@ -45,12 +45,12 @@ class _LengthenedClock:
 def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(
     tmp_path, tiny_model_dir, capsys, monkeypatch, beside
 ):
-    import finetune.commands.train
     import finetune.config.recipes
     import finetune.data.splits
     import finetune.evaluation.bootstrap
     import finetune.evaluation.model_card
     import finetune.evaluation.report
+    import finetune.pipeline.baseline
     import finetune.training.modeling
     from finetune.evaluation import baseline_process
     from finetune.training.trainer import ReviewTrainer
@@ -74,7 +74,7 @@ def test_parts_add_up_to_the_run_and_each_lands_where_it_happened(
     # Inline, the fit; beside the training, the wait for its process after training (which the fit's
     # seconds in the other process do not count in): either is the run's baseline time.
     fit_or_wait = "_collect_baseline" if beside else "_fit_baseline"
-    clock.lengthen(monkeypatch, finetune.commands.train, fit_or_wait, "baseline", 3000)
+    clock.lengthen(monkeypatch, finetune.pipeline.baseline, fit_or_wait, "baseline", 3000)
     clock.lengthen(monkeypatch, finetune.training.modeling, "load_classifier", "load", 4000)
     clock.lengthen(monkeypatch, ReviewTrainer, "__init__", "other", 5000)  # building the Trainer
     clock.lengthen(monkeypatch, ReviewTrainer, "training_step", "train_steps", 300)

@@ -46,7 +46,7 @@ def main() -> None:
 
     import torch
 
-    from finetune.commands.predict import read_model_inputs
+    from finetune.pipeline.review_rows import read_model_inputs
     from finetune.serve.background import ServerProcess
 
     serve_flags = options.serve_flags.split()

@@ -31,7 +31,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,86 +77,24 @@ def bench(
     ``device`` is where the training systems run: ``cpu`` or ``cuda``.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from ..config.recipes import load_recipe
-    from ..data.encoding import ReviewEncoding
-    from ..data.sources import progress_bars
-    from ..data.splits import load_review_data, tokenize_splits
-    from ..training.modeling import load_tokenizer, resolve_model_path
-    from .flops import measure_gemm_peak, non_embedding_parameters
 
-    if updates < 1:
-        raise FinetuneError(f"--updates must be >= 1 (got {updates}); try --updates 20")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise FinetuneError(
-            "--device cuda: no CUDA device is available to this process; run on a machine with a GPU "
-            "(and a CUDA build of PyTorch) or pass --device cpu"
-        )
-    if output:
-        check_output_file(output)
+    _check_options(updates, device, output)
     overrides, ours = split_review_trainer_flags(list(overrides or []))
     run = load_recipe(recipe, overrides)
     load_recipe(recipe, overrides + ours)  # checks ReviewTrainer's own settings before anything runs
     args = run.training
-    micro_batch, n_accumulate = args.per_device_train_batch_size, args.gradient_accumulation_steps
-
-    # The same samples for every system, tokenized once.
-    data = load_review_data(run.data, seed=args.seed)
-    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
-    encoded, _ = tokenize_splits(data.splits, tokenizer, ReviewEncoding.from_fields(asdict(run.data)))
-    # The model's shape for the FLOP count; built from its config, since no weights are needed here.
-    config = AutoConfig.from_pretrained(
-        resolve_model_path(run.model.model_name_or_path), num_labels=len(data.label_names)
-    )
-    model = AutoModelForSequenceClassification.from_config(config)
-    model_shape = {
-        "non_embedding_parameters": non_embedding_parameters(model),
-        "num_layers": config.num_hidden_layers,
-        "hidden_size": config.hidden_size,
-    }
-    del model
+    data, tokenizer, encoded = _read_once(run)
+    model_shape = _model_shape(run, len(data.label_names))
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    gemm_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-    # A GPU needs bigger products (and more of them) to reach its peak than 2 CPU cores.
-    gemm_size, gemm_repeats = (8192, 20) if device == "cuda" else (2048, 8)
-    gemm_peak = measure_gemm_peak(gemm_size, gemm_repeats, device=device, dtype=gemm_dtype)
-    load = os.getloadavg()[0]
-    if load > 0.5 * (os.cpu_count() or 1):
-        # Timings are only comparable on an otherwise idle machine.
-        print(f"warning: load average {load:.1f} on {os.cpu_count()} cores; timings will be noisy", file=sys.stderr)
-
+    gemm_peak, load = _machine(precision, device)
     workdir = Path(tempfile.mkdtemp(prefix="finetune-bench-data-"))
     try:
-        with progress_bars(False):  # "Saving the dataset" bars would bury the bench's own
-            if memory:
-                # Only ReviewTrainer runs here, so its own settings join the recipe's.
-                specs = _memory_specs(
-                    recipe, overrides + ours, encoded["train"], workdir, data.label_names, micro_batch, updates
-                )
-            else:
-                specs = _speed_specs(
-                    recipe, overrides, args, encoded["train"], workdir, data.label_names, updates, ours
-                )
-                held_out = "test" if "test" in data.splits else "validation"
-                if inference:
-                    path = workdir / "inference"
-                    data.splits[held_out].select_columns(["text", "labels"]).save_to_disk(str(path))
-                    specs.append(SystemSpec(INFERENCE, recipe, overrides, str(path), data.label_names, updates))
-                    train_texts = list(data.splits["train"]["text"])
-                    specs += _prediction_specs(
-                        run, recipe, overrides, tokenizer, data.label_names, str(path), workdir, train_texts
-                    )
-        from ..data.class_weights import class_weights_for
-
-        class_weights = class_weights_for(
-            getattr(args, "class_weighting", "none"), encoded["train"]["labels"], len(data.label_names)
-        )
-        for spec in specs:
-            spec.device = device
-            if class_weights is not None:
-                spec.class_weights = [float(w) for w in class_weights]
-        results = _run_children(specs)
+        bench_run = _BenchRun(recipe, overrides, ours, run, data, tokenizer, encoded, workdir, updates)
+        specs = _memory_or_speed_specs(bench_run, memory, inference)
+        class_weights = _class_weights(args, encoded, len(data.label_names))
+        results = _run_children(_on_device(specs, device, class_weights))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -169,8 +107,8 @@ def bench(
         "precision": precision,
         "class_weights": class_weights,
         "updates": updates,
-        "micro_batch": micro_batch,
-        "gradient_accumulation_steps": n_accumulate,
+        "micro_batch": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "max_length": run.data.max_length,
         "threads": torch.get_num_threads(),
         "load_average_at_start": load,
@@ -179,27 +117,152 @@ def bench(
         "model": model_shape,
         "flop_formula": "3 x sum over samples of (2 N s + 4 L d s^2), s = real tokens (see finetune/flops.py)",
     }
-    if memory:
-        report["runs"] = [_memory_row(result) for result in results]
-        text = format_memory_report(report)
-    else:
-        training = [result for result in results if result["system"] in TRAINING_SYSTEMS]
-        report["systems"] = [_speed_row(result, model_shape, gemm_peak) for result in training]
-        report["same_samples"] = len({tuple(result["sample_ids"]) for result in training}) == 1
-        report["ratios"] = _ratios(report["systems"])
-        inference_results = [result for result in results if result["system"] == INFERENCE]
-        if inference_results:
-            report["inference"] = _inference_row(inference_results[0])
-        by_system = {result["system"]: result for result in results}
-        if PREDICT_FP32 in by_system:
-            exports = [by_system[name] for name in PREDICTION_EXPORTS if name in by_system]
-            report["prediction"] = _prediction_rows(by_system[PREDICT_FP32], exports)
-        text = format_speed_report(report)
-    print(text)
+    print(_add_rows(report, results, memory, model_shape, gemm_peak))
     if output:
         write_output_text(output, json.dumps(report, indent=2) + "\n", instead=OUTPUT_FLAG)
         print(f"saved to {output}", file=sys.stderr)
     return report
+
+
+def _read_once(run: Any) -> tuple[Any, Any, Any]:
+    """The same samples for every system, tokenized once: the data, the tokenizer, the tokenized splits."""
+    from ..data.encoding import ReviewEncoding
+    from ..data.splits import load_review_data, tokenize_splits
+    from ..training.modeling import load_tokenizer
+
+    data = load_review_data(run.data, seed=run.training.seed)
+    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
+    encoded, _ = tokenize_splits(data.splits, tokenizer, ReviewEncoding.from_fields(asdict(run.data)))
+    return data, tokenizer, encoded
+
+
+def _on_device(specs: list[SystemSpec], device: str, class_weights: Any) -> list[SystemSpec]:
+    """``specs`` set to run on ``device`` with the recipe's class weights (None: none)."""
+    for spec in specs:
+        spec.device = device
+        if class_weights is not None:
+            spec.class_weights = [float(w) for w in class_weights]
+    return specs
+
+
+def _check_options(updates: int, device: str, output: str | None) -> None:
+    """Refuse no updates, a CUDA device that is not there, and an output file that cannot be written."""
+    import torch
+
+    if updates < 1:
+        raise FinetuneError(f"--updates must be >= 1 (got {updates}); try --updates 20")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise FinetuneError(
+            "--device cuda: no CUDA device is available to this process; run on a machine with a GPU "
+            "(and a CUDA build of PyTorch) or pass --device cpu"
+        )
+    if output:
+        check_output_file(output)
+
+
+def _model_shape(run: Any, num_labels: int) -> dict[str, int]:
+    """The model's shape for the FLOP count; built from its config, since no weights are needed here."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from ..training.modeling import resolve_model_path
+    from .flops import non_embedding_parameters
+
+    config = AutoConfig.from_pretrained(resolve_model_path(run.model.model_name_or_path), num_labels=num_labels)
+    model = AutoModelForSequenceClassification.from_config(config)
+    return {
+        "non_embedding_parameters": non_embedding_parameters(model),
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+    }
+
+
+def _machine(precision: str, device: str) -> tuple[float, float]:
+    """This machine's measured matrix-product peak (GFLOP/s) at ``precision``, and its load average now."""
+    import torch
+
+    from .flops import measure_gemm_peak
+
+    gemm_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    # A GPU needs bigger products (and more of them) to reach its peak than 2 CPU cores.
+    gemm_size, gemm_repeats = (8192, 20) if device == "cuda" else (2048, 8)
+    gemm_peak = measure_gemm_peak(gemm_size, gemm_repeats, device=device, dtype=gemm_dtype)
+    load = os.getloadavg()[0]
+    if load > 0.5 * (os.cpu_count() or 1):
+        # Timings are only comparable on an otherwise idle machine.
+        print(f"warning: load average {load:.1f} on {os.cpu_count()} cores; timings will be noisy", file=sys.stderr)
+    return gemm_peak, load
+
+
+@dataclass
+class _BenchRun:
+    """What every system of one bench is made from: the recipe, its flags, the data read and tokenized once."""
+
+    recipe: str | None
+    overrides: list[str]  # the flags every system takes
+    ours: list[str]  # ReviewTrainer's own flags
+    run: Any
+    data: Any
+    tokenizer: Any
+    encoded: Any
+    workdir: Path
+    updates: int
+
+
+def _memory_or_speed_specs(bench_run: _BenchRun, memory: bool, inference: bool) -> list[SystemSpec]:
+    """The systems to run, each as a ``SystemSpec``: ReviewTrainer's memory runs, or the speed comparison."""
+    from ..data.sources import progress_bars
+
+    recipe, overrides, ours, data = bench_run.recipe, bench_run.overrides, bench_run.ours, bench_run.data
+    args, workdir, updates, train = (
+        bench_run.run.training,
+        bench_run.workdir,
+        bench_run.updates,
+        bench_run.encoded["train"],
+    )
+    with progress_bars(False):  # "Saving the dataset" bars would bury the bench's own
+        if memory:
+            # Only ReviewTrainer runs here, so its own settings join the recipe's.
+            micro_batch = args.per_device_train_batch_size
+            return _memory_specs(recipe, overrides + ours, train, workdir, data.label_names, micro_batch, updates)
+        specs = _speed_specs(recipe, overrides, args, train, workdir, data.label_names, updates, ours)
+        held_out = "test" if "test" in data.splits else "validation"
+        if inference:
+            path = workdir / "inference"
+            data.splits[held_out].select_columns(["text", "labels"]).save_to_disk(str(path))
+            specs.append(SystemSpec(INFERENCE, recipe, overrides, str(path), data.label_names, updates))
+            train_texts = list(data.splits["train"]["text"])
+            specs += _prediction_specs(
+                bench_run.run, recipe, overrides, bench_run.tokenizer, data.label_names, str(path), workdir, train_texts
+            )
+    return specs
+
+
+def _class_weights(args: Any, encoded: Any, num_labels: int) -> Any:
+    """The class weights the recipe asks for (None without), given to every system alike."""
+    from ..data.class_weights import class_weights_for
+
+    return class_weights_for(getattr(args, "class_weighting", "none"), encoded["train"]["labels"], num_labels)
+
+
+def _add_rows(
+    report: dict[str, Any], results: list[dict[str, Any]], memory: bool, model_shape: dict[str, int], gemm_peak: float
+) -> str:
+    """Add each system's row (and the ratios between them) to ``report``; returns the report as a table."""
+    if memory:
+        report["runs"] = [_memory_row(result) for result in results]
+        return format_memory_report(report)
+    training = [result for result in results if result["system"] in TRAINING_SYSTEMS]
+    report["systems"] = [_speed_row(result, model_shape, gemm_peak) for result in training]
+    report["same_samples"] = len({tuple(result["sample_ids"]) for result in training}) == 1
+    report["ratios"] = _ratios(report["systems"])
+    inference_results = [result for result in results if result["system"] == INFERENCE]
+    if inference_results:
+        report["inference"] = _inference_row(inference_results[0])
+    by_system = {result["system"]: result for result in results}
+    if PREDICT_FP32 in by_system:
+        exports = [by_system[name] for name in PREDICTION_EXPORTS if name in by_system]
+        report["prediction"] = _prediction_rows(by_system[PREDICT_FP32], exports)
+    return format_speed_report(report)
 
 
 def split_review_trainer_flags(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -323,19 +386,9 @@ def _prediction_specs(
     ``--model_name_or_path`` a fine-tuned run, the accuracies are real; a base model gets
     a seeded random head, so only the speeds and the agreement mean something.
     """
-    import dataclasses
-
     from transformers import set_seed
 
-    from ..data.encoding import ReviewEncoding
-    from ..export.common import CALIBRATION_REVIEWS
     from ..export.fallback import DEFAULT_FALLBACK_MARGIN, add_fp32_fallback
-    from ..export.onnxruntime import export_int8
-    from ..export.openvino import (
-        export_openvino_int8,
-        export_openvino_weights_int8,
-        sample_calibration_texts,
-    )
     from ..training.modeling import load_classifier
 
     set_seed(run.training.seed)
@@ -344,17 +397,9 @@ def _prediction_specs(
     model.save_pretrained(fp32_dir)
     tokenizer.save_pretrained(fp32_dir)
     specs = [SystemSpec(PREDICT_FP32, recipe, overrides, held_out, label_names, 1, model_dir=str(fp32_dir))]
-    source = run.model.model_name_or_path
-    backend = _int8_backend()
-    if backend == "openvino":
-        encoding = ReviewEncoding.from_fields(dataclasses.asdict(run.data))
-        calibration = sample_calibration_texts(train_texts, CALIBRATION_REVIEWS)
-        export_openvino_int8(model, tokenizer, int8_dir, source, calibration, encoding, "the recipe's train split")
-        weights_dir = workdir / "predict-int8-weights"
-        export_openvino_weights_int8(model, tokenizer, weights_dir, source)
-    elif backend == "onnxruntime":
-        export_int8(model, tokenizer, int8_dir, source=source)
-    else:
+    weights_dir = workdir / "predict-int8-weights"
+    backend = _write_int8_copies(run, model, tokenizer, int8_dir, weights_dir, train_texts)
+    if backend is None:
         return specs
     specs.append(SystemSpec(PREDICT_INT8, recipe, overrides, held_out, label_names, 1, model_dir=str(int8_dir)))
     # The same int8 model with the fp32 model beside it for its close calls (finetune export --fp32_fallback).
@@ -369,6 +414,35 @@ def _prediction_specs(
             SystemSpec(PREDICT_INT8_WEIGHTS, recipe, overrides, held_out, label_names, 1, model_dir=str(weights_dir))
         )
     return specs
+
+
+def _write_int8_copies(
+    run: Any, model: Any, tokenizer: Any, int8_dir: Path, weights_dir: Path, train_texts: list[str]
+) -> str | None:
+    """The model exported to int8 as ``finetune export`` does; returns the backend used (None: none installed).
+
+    OpenVINO writes its static int8 (calibrated on the train split's reviews) to ``int8_dir`` and its
+    weight-only int8 to ``weights_dir``; ONNX Runtime its dynamic int8 to ``int8_dir``.
+    """
+    import dataclasses
+
+    from ..data.encoding import ReviewEncoding
+    from ..export.common import CALIBRATION_REVIEWS
+    from ..export.onnxruntime import export_int8
+    from ..export.openvino import export_openvino_int8, export_openvino_weights_int8, sample_calibration_texts
+
+    source = run.model.model_name_or_path
+    backend = _int8_backend()
+    if backend == "openvino":
+        encoding = ReviewEncoding.from_fields(dataclasses.asdict(run.data))
+        calibration = sample_calibration_texts(train_texts, CALIBRATION_REVIEWS)
+        export_openvino_int8(model, tokenizer, int8_dir, source, calibration, encoding, "the recipe's train split")
+        export_openvino_weights_int8(model, tokenizer, weights_dir, source)
+    elif backend == "onnxruntime":
+        export_int8(model, tokenizer, int8_dir, source=source)
+    else:
+        return None
+    return backend
 
 
 def _int8_backend() -> str | None:

@@ -90,39 +90,11 @@ def bench_scaling(
     source before the fractions apply. The report is printed, and saved as JSON to ``output``.
     """
     requested = parse_sizes(sizes or DEFAULT_SIZES)
-    if updates < 1:
-        raise FinetuneError(f"--updates must be >= 1 (got {updates}); try --updates 20")
-    if max_reviews is not None and max_reviews < 2:
-        raise FinetuneError(f"--max_reviews must be >= 2 (got {max_reviews}); e.g. --max_reviews 8000")
-    if recipe is not None and synthetic is not None and _is_reviews_file(recipe):
-        raise FinetuneError(f"give a reviews file ({recipe}) or --synthetic N, not both")
-    if output:
-        check_output_file(output)
-    import numpy as np
-
+    _check_options(recipe, updates, max_reviews, synthetic, output)
     workdir = Path(tempfile.mkdtemp(prefix="finetune-bench-scaling-"))
     try:
         source = _scaling_source(recipe, list(overrides or []), updates, synthetic, workdir)
-        tables = {split: _read_rows(path) for split, path in source.files.items()}
-        available = sum(len(table) for table in tables.values())
-        drawn = min(available, max_reviews or available)
-        reviews = resolve_sizes(requested, drawn, capped=drawn < available)
-        seed = _seed(source)
-        orders = {split: np.random.default_rng(seed).permutation(len(table)) for split, table in tables.items()}
-        split_rows = {split: len(table) for split, table in tables.items()}
-        load = os.getloadavg()[0]
-        if load > 0.5 * (os.cpu_count() or 1):
-            print(f"warning: load average {load:.1f} on {os.cpu_count()} cores; timings will be noisy", file=sys.stderr)
-        for note in source.notes:
-            print(f"note: {note}", file=sys.stderr)
-        runs = []
-        for index, total in enumerate(reviews, start=1):
-            counts = split_counts(total, split_rows)
-            print(f"scaling: {sum(counts.values()):,} reviews ({index}/{len(reviews)})", file=sys.stderr)
-            runs.append(_run_size(source, tables, orders, counts, workdir / f"size-{index}"))
-            # Other work on the machine shows here: a size whose load is well above the run's own threads
-            # was timed beside something else, and its seconds say less.
-            runs[-1]["load_average_after"] = round(os.getloadavg()[0], 2)
+        runs, load = _run_sizes(source, requested, max_reviews, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -151,6 +123,49 @@ def bench_scaling(
         write_output_text(output, json.dumps(report, indent=2) + "\n", instead=OUTPUT_FLAG)
         print(f"saved to {output}", file=sys.stderr)
     return report
+
+
+def _check_options(
+    recipe: str | None, updates: int, max_reviews: int | None, synthetic: int | None, output: str | None
+) -> None:
+    """Refuse no updates, fewer than two reviews, a file with --synthetic, and an output that cannot be written."""
+    if updates < 1:
+        raise FinetuneError(f"--updates must be >= 1 (got {updates}); try --updates 20")
+    if max_reviews is not None and max_reviews < 2:
+        raise FinetuneError(f"--max_reviews must be >= 2 (got {max_reviews}); e.g. --max_reviews 8000")
+    if recipe is not None and synthetic is not None and _is_reviews_file(recipe):
+        raise FinetuneError(f"give a reviews file ({recipe}) or --synthetic N, not both")
+    if output:
+        check_output_file(output)
+
+
+def _run_sizes(
+    source: ScalingSource, requested: list[Fraction | int], max_reviews: int | None, workdir: Path
+) -> tuple[list[dict[str, Any]], float]:
+    """Train once per size, on nested subsets drawn in one seeded order; each size's record, and the load at start."""
+    import numpy as np
+
+    tables = {split: _read_rows(path) for split, path in source.files.items()}
+    available = sum(len(table) for table in tables.values())
+    drawn = min(available, max_reviews or available)
+    reviews = resolve_sizes(requested, drawn, capped=drawn < available)
+    seed = _seed(source)
+    orders = {split: np.random.default_rng(seed).permutation(len(table)) for split, table in tables.items()}
+    split_rows = {split: len(table) for split, table in tables.items()}
+    load = os.getloadavg()[0]
+    if load > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {load:.1f} on {os.cpu_count()} cores; timings will be noisy", file=sys.stderr)
+    for note in source.notes:
+        print(f"note: {note}", file=sys.stderr)
+    runs = []
+    for index, total in enumerate(reviews, start=1):
+        counts = split_counts(total, split_rows)
+        print(f"scaling: {sum(counts.values()):,} reviews ({index}/{len(reviews)})", file=sys.stderr)
+        runs.append(_run_size(source, tables, orders, counts, workdir / f"size-{index}"))
+        # Other work on the machine shows here: a size whose load is well above the run's own threads
+        # was timed beside something else, and its seconds say less.
+        runs[-1]["load_average_after"] = round(os.getloadavg()[0], 2)
+    return runs, load
 
 
 # ------------------------------------------------------------------ sizes
@@ -296,8 +311,8 @@ def _scaling_source(
 ) -> ScalingSource:
     """The source's files and what every run is given: a recipe's values less its source, and the flags."""
     from ..config.recipes import read_recipe_file, recipe_from_values
-    from .own_reviews import flags_without_recipe
-    from .train import without_flags
+    from ..pipeline.flags import without_flags
+    from ..pipeline.own_reviews import flags_without_recipe
 
     if recipe is None and synthetic is None:
         raise FinetuneError(

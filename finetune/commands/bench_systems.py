@@ -243,22 +243,8 @@ def _train_once(
             final_loss = _classic_loop(model, samples, collator, args, spec.updates, queue, spec.device, counters)
             updates = spec.updates
         else:
-            from transformers import Trainer
-
-            from ..training.trainer import ReviewTrainer
-
-            review_trainer = spec.system == REVIEW_TRAINER
-            trainer = (ReviewTrainer if review_trainer else Trainer)(
-                model=model,
-                args=args,
-                train_dataset=samples,
-                data_collator=collator,
-                callbacks=[_progress_callback(queue), *([HostReadsWindow(*counters)] if counting else [])],
-                **({"class_weights": spec.class_weights} if review_trainer and spec.class_weights else {}),
-            )
-            result = trainer.train()
-            final_loss = result.training_loss
-            updates = result.global_step
+            callbacks = [_progress_callback(queue), *([HostReadsWindow(*counters)] if counting else [])]
+            final_loss, updates = _trainer_run(spec, model, args, samples, collator, callbacks)
         if on_gpu:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
@@ -278,6 +264,27 @@ def _train_once(
         "forward_passes": computed.forward_passes,
         "train_loss": float(final_loss),
     }
+
+
+def _trainer_run(
+    spec: SystemSpec, model: Any, args: Any, samples: Any, collator: Any, callbacks: list[Any]
+) -> tuple[float, int]:
+    """``spec.updates`` of ReviewTrainer or stock Trainer; the final training loss and the updates made."""
+    from transformers import Trainer
+
+    from ..training.trainer import ReviewTrainer
+
+    review_trainer = spec.system == REVIEW_TRAINER
+    trainer = (ReviewTrainer if review_trainer else Trainer)(
+        model=model,
+        args=args,
+        train_dataset=samples,
+        data_collator=collator,
+        callbacks=callbacks,
+        **({"class_weights": spec.class_weights} if review_trainer and spec.class_weights else {}),
+    )
+    result = trainer.train()
+    return result.training_loss, result.global_step
 
 
 class _ComputedTokens:
@@ -324,7 +331,6 @@ def _classic_loop(
     host syncs while it runs.
     """
     import torch
-    from transformers import get_scheduler
 
     n_accumulate = args.gradient_accumulation_steps
     loader = torch.utils.data.DataLoader(
@@ -335,16 +341,9 @@ def _classic_loop(
         collate_fn=collator,
     )
     model.to(device)
-    fused = {"fused": True} if args.optim == "adamw_torch_fused" else {}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay, **fused)
+    optimizer, scheduler = _classic_optimizer(model, args, updates)
     precision = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
     scaler = torch.amp.GradScaler(device, enabled=args.fp16)
-    scheduler = get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=args.get_warmup_steps(updates),
-        num_training_steps=updates,
-    )
     criterion = torch.nn.CrossEntropyLoss()
     model.train()
     loss = torch.zeros(())
@@ -367,6 +366,22 @@ def _classic_loop(
     for counter in counters:
         counter.counting = False
     return float(loss) * n_accumulate
+
+
+def _classic_optimizer(model: Any, args: Any, updates: int) -> tuple[Any, Any]:
+    """AdamW (fused when the recipe's ``optim`` asks for it) and the recipe's schedule over ``updates``."""
+    import torch
+    from transformers import get_scheduler
+
+    fused = {"fused": True} if args.optim == "adamw_torch_fused" else {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay, **fused)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.get_warmup_steps(updates),
+        num_training_steps=updates,
+    )
+    return optimizer, scheduler
 
 
 def _inference(spec: SystemSpec, queue: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ many reviews as the recipe's own data holds (a seeded random draw,
 own proportions (stratified, drawn with the seed, as every run draws them),
 so the lead is measured at the size it was tuned at. Each seed trains, and
 fits the baseline, on its own draw; the summary is the usual ``seeds.json``
-/ ``seeds.md`` (see :mod:`.repeats`), the lead taken seed by seed.
+/ ``seeds.md`` (see :mod:`finetune.pipeline.repeats`), the lead taken seed by seed.
 
 The settings it trains with are written out as ``OUTPUT_DIR/check-recipe.yaml``,
 a plain recipe: ``finetune train OUTPUT_DIR/check-recipe.yaml`` trains the
@@ -66,7 +66,7 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
     from ..config.recipes import flag_names, load_recipe, read_recipe_file
     from ..data.splits import load_review_data
     from ..fetching.catalog import CATALOG, get_entry
-    from .seeds import train_seeds
+    from ..pipeline.repeats import run_repeats, seed_repeats
 
     # Arguments: the check dataset, the flags it allows, the recipe as the flags leave it.
     entry = get_entry(dataset)
@@ -85,7 +85,7 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
         )
     if seeds < 1:
         raise FinetuneError(f"--seeds must be >= 1 (got {seeds}); e.g. --seeds 3")
-    from .train import without_flags
+    from ..pipeline.flags import without_flags
 
     # The recipe's own data, as it trains on it: its classes, and its split sizes, which the draw copies.
     own_flags = without_flags(overrides, {f"--{name}": True for name in SAMPLE_FIELDS})
@@ -113,7 +113,7 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
     )
 
     # Train and score every seed, the baseline beside each, and summarise.
-    return train_seeds(str(check_recipe), overrides, seeds)
+    return run_repeats(str(check_recipe), overrides, seed_repeats(str(check_recipe), overrides, seeds))
 
 
 def check_label_bins(entry: CatalogEntry, classes: list[str], recipe: str) -> dict[str, list[float]]:

@@ -50,12 +50,81 @@ def evaluate(
     the best by validation with ``load_best_model_at_end``) on the first run's
     data, one table and one picture, written to ``<first run>/comparison/``.
     """
+    paths = [path] if isinstance(path, str) else list(path)
+    models = _models_to_score(paths, calibrate)
+    label_names = _shared_label_names(models)
+    # Checked before anything is scored or written: a refused calibration leaves the folder as it was.
+    calibration_data = _calibration_data(models[-1], label_names) if calibrate else None
+    # Every model scored shares its classes and data: read the data once.
+    scoring = load_labelled_texts(models[0], data, split, label_names, raw_csv=raw_csv)
+    # Each model is checked as it loads (check_model_folder): a broken one stops the command before any file is written.
+    scored = [_score(model_dir, scoring, label_names, batch_size) for model_dir in models]
+    folder = _results_folder(paths)
+    reports, best = _compared(scored, scoring, label_names, baseline, resamples, seed)
+    probabilities = [probs for _, probs in scored]
+    print(format_table(reports))
+    # A file's results are named data-<its stem>: a file named test.csv must not replace the run's
+    # own test-split results (evaluation_test.json, errors_test.csv, the pictures).
+    scored_on = f"data-{Path(data).stem}" if data else split
+    written = write_errors_and_calibration(
+        folder, scored_on, scoring, probabilities[best], label_names, reports[best], explain=explain, raw_csv=raw_csv
+    )
+    if calibrate:
+        written.append(calibrate_model(models[-1], calibration_data, batch_size, probabilities[-1], scoring.labels))
+    _write_reports(folder, scored_on, reports, label_names, written)
+    return reports
 
+
+def _results_folder(paths: list[str]) -> Path:
+    """Where the results go: the run's folder, or ``<first run>/comparison/`` when runs are compared."""
+    folder = Path(paths[0])
+    if len(paths) > 1:
+        folder = folder / "comparison"
+        folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _write_reports(
+    folder: Path, scored_on: str, reports: list[dict[str, Any]], label_names: list[str], written: list[Path]
+) -> None:
+    """``evaluation_<scored_on>.json``, the pictures and the table; then say what was written."""
+    out_name = f"evaluation_{scored_on}.json"
+    write_output_text(folder / out_name, json.dumps(reports, indent=2) + "\n")
+    written += write_pictures_and_table(folder, scored_on, reports, label_names)
+    # Said once every file is written: a failure part-way must not follow a line saying it was saved.
+    print(f"saved to {folder / out_name}", file=sys.stderr)
+    print(f"also wrote {', '.join(path.name for path in written)}", file=sys.stderr)
+
+
+def _compared(
+    scored: list[tuple[dict[str, Any], Any]],
+    scoring: Any,
+    label_names: list[str],
+    baseline: bool,
+    resamples: int,
+    seed: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """Each model's report marked best or not (and the baseline's, last), with intervals; and the best's index."""
+    reports = [report for report, _ in scored]
+    best = max(range(len(reports)), key=lambda index: reports[index]["macro_f1"])
+    for index, report in enumerate(reports):
+        report["best"] = index == best
+    predictions = [probs.argmax(-1) for _, probs in scored]
+    if baseline and scoring.train_texts:
+        # The obvious alternative on the same reviews, fit on the run's own train split.
+        baseline_report, baseline_predictions = _score_baseline(scoring, label_names, reports[best])
+        reports.append(baseline_report)
+        predictions.append(baseline_predictions)
+    add_uncertainty(reports, predictions, scoring.labels, label_names, best, resamples, seed)
+    return reports, best
+
+
+def _models_to_score(paths: list[str], calibrate: bool) -> list[Path]:
+    """The model folders to score: the runs named, or one run's checkpoints and final model; each checked."""
     from ..evaluation.inference import require_inference_folder
     from ..training.model_check import check_model_config
     from ..training.runs import checkpoints, refuse_while_training
 
-    paths = [path] if isinstance(path, str) else list(path)
     for given in paths:
         if not Path(given).exists():
             raise FinetuneError(f"{given} not found; pass a run folder (output_dir) or a checkpoint-* folder")
@@ -79,8 +148,11 @@ def evaluate(
         require_inference_folder(model_dir)
         # The weights are checked as each model loads to be scored; its classes before they are compared.
         check_model_config(model_dir)
+    return models
 
-    # Every model scored shares its classes and data: read the data once.
+
+def _shared_label_names(models: list[Path]) -> list[str]:
+    """The class names every model shares, in id order; models with other classes are refused."""
     label_names = _label_names(models[0])
     for model_dir in models[1:]:
         if _label_names(model_dir) != label_names:
@@ -88,42 +160,7 @@ def evaluate(
                 f"{model_dir} has classes {_label_names(model_dir)}, {models[0]} has {label_names}; "
                 "compare runs trained on the same classes"
             )
-    # Checked before anything is scored or written: a refused calibration leaves the folder as it was.
-    calibration_data = _calibration_data(models[-1], label_names) if calibrate else None
-    scoring = load_labelled_texts(models[0], data, split, label_names, raw_csv=raw_csv)
-    # Each model is checked as it loads (check_model_folder): a broken one stops the command before any file is written.
-    scored = [_score(model_dir, scoring, label_names, batch_size) for model_dir in models]
-    if len(paths) > 1:
-        folder = folder / "comparison"
-        folder.mkdir(exist_ok=True)
-    reports = [report for report, _ in scored]
-    probabilities = [probs for _, probs in scored]
-    best = max(range(len(reports)), key=lambda index: reports[index]["macro_f1"])
-    for index, report in enumerate(reports):
-        report["best"] = index == best
-    predictions = [probs.argmax(-1) for probs in probabilities]
-    if baseline and scoring.train_texts:
-        # The obvious alternative on the same reviews, fit on the run's own train split.
-        baseline_report, baseline_predictions = _score_baseline(scoring, label_names, reports[best])
-        reports.append(baseline_report)
-        predictions.append(baseline_predictions)
-    add_uncertainty(reports, predictions, scoring.labels, label_names, best, resamples, seed)
-    print(format_table(reports))
-    # A file's results are named data-<its stem>: a file named test.csv must not replace the run's
-    # own test-split results (evaluation_test.json, errors_test.csv, the pictures).
-    scored_on = f"data-{Path(data).stem}" if data else split
-    written = write_errors_and_calibration(
-        folder, scored_on, scoring, probabilities[best], label_names, reports[best], explain=explain, raw_csv=raw_csv
-    )
-    if calibrate:
-        written.append(calibrate_model(models[-1], calibration_data, batch_size, probabilities[-1], scoring.labels))
-    out_name = f"evaluation_{scored_on}.json"
-    write_output_text(folder / out_name, json.dumps(reports, indent=2) + "\n")
-    written += write_pictures_and_table(folder, scored_on, reports, label_names)
-    # Said once every file is written: a failure part-way must not follow a line saying it was saved.
-    print(f"saved to {folder / out_name}", file=sys.stderr)
-    print(f"also wrote {', '.join(path.name for path in written)}", file=sys.stderr)
-    return reports
+    return label_names
 
 
 def _label_names(model_dir: Path) -> list[str]:

@@ -43,37 +43,13 @@ def export(
     likeliest classes int8 puts within that gap of each other.
     """
     from ..evaluation.inference import load_inference_model
-    from ..export.common import copy_run_record
-    from ..export.fallback import add_fp32_fallback, check_fallback_margin
-    from ..export.onnxruntime import require_onnx_runtime
-    from ..export.openvino import require_openvino
     from ..training.runs import find_run_config, require_model_folder
 
     # Every check before the model loads or a folder is made: a mistake costs a second.
-    if not int8:
-        raise FinetuneError("only --int8 export is supported; pass --int8")
-    if backend not in BACKENDS:
-        raise FinetuneError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}; pass --backend openvino")
-    if isinstance(calibration_reviews, bool) or not isinstance(calibration_reviews, int) or calibration_reviews < 1:
-        raise FinetuneError(f"--calibration_reviews must be a whole number >= 1 (got {calibration_reviews!r})")
-    if backend == "onnxruntime" and (calibration is not None or weights_only):
-        flag = "--calibration" if calibration is not None else "--weights_only"
-        raise FinetuneError(f"{flag} is for --backend openvino; leave it out with --backend onnxruntime")
-    if weights_only and calibration is not None:
-        raise FinetuneError("--weights_only needs no calibration reviews; leave out --calibration")
-    if fp32_fallback is not None:
-        check_fallback_margin(fp32_fallback)
-    require_openvino() if backend == "openvino" else require_onnx_runtime()
+    _check_options(int8, backend, calibration, calibration_reviews, weights_only, fp32_fallback)
     model_dir = Path(model_path)
     require_model_folder(model_dir)
-    # Made absolute first: "." and ".." (export run from inside the run folder) have no name to add "-int8"
-    # to. abspath, not resolve: a run reached through a symlink gets its copy beside the link, where it was named.
-    absolute = Path(os.path.abspath(model_dir))
-    output_dir = Path(output) if output else absolute.with_name(f"{absolute.name}-int8")
-    if output_dir.exists():
-        raise FinetuneError(f"{output_dir} already exists; remove it or pass --output DIR")
-    if not output_dir.parent.is_dir():
-        raise FinetuneError(f"--output {output_dir}: folder {output_dir.parent} does not exist; create it first")
+    output_dir = _checked_output_dir(model_dir, output)
     _remove_dead_exports(output_dir)
     # Written under a hidden name and renamed when whole: a kill -9 part-way leaves no folder named
     # like an export, only a hidden one that the next export into the same place removes.
@@ -86,32 +62,10 @@ def export(
     )
     model, tokenizer = load_inference_model(model_dir)
     try:
-        if static:
-            from ..data.encoding import ReviewEncoding
-            from ..export.openvino import export_openvino_int8
-
-            encoding = ReviewEncoding.from_fields((run_config or {}).get("data", {}))
-            model_file = export_openvino_int8(
-                model, tokenizer, staging, str(model_dir), texts, encoding, calibration_source=texts_source
-            )
-        elif weights_only:
-            from ..export.openvino import export_openvino_weights_int8
-
-            model_file = export_openvino_weights_int8(model, tokenizer, staging, str(model_dir))
-        else:
-            from ..export.onnxruntime import export_int8
-
-            model_file = export_int8(model, tokenizer, staging, source=str(model_dir))
-        copy_run_record(model_dir, staging)
-        if fp32_fallback is not None:
-            add_fp32_fallback(staging, model, fp32_fallback)
-        try:
-            os.rename(staging, output_dir)  # fails rather than replace a folder another export made meanwhile
-        except OSError as error:
-            raise FinetuneError(
-                f"cannot move the export into {output_dir} ({error.strerror or error}); it was made meanwhile "
-                "by another export, or cannot be written: remove it or pass --output DIR"
-            ) from None
+        model_file = _write_int8(
+            model, tokenizer, staging, model_dir, backend, weights_only, run_config, texts, texts_source
+        )
+        _finish_export(model_dir, staging, output_dir, model, fp32_fallback)
         model_file = output_dir / model_file.relative_to(staging)
     except BaseException:
         # Half an export is no model: leave nothing a later predict could mistake for one.
@@ -126,6 +80,94 @@ def export(
         file=sys.stderr,
     )
     return output_dir
+
+
+def _check_options(
+    int8: bool,
+    backend: str,
+    calibration: str | None,
+    calibration_reviews: int,
+    weights_only: bool,
+    fp32_fallback: float | None,
+) -> None:
+    """Refuse options that do not go together, and a backend that is not installed."""
+    from ..export.fallback import check_fallback_margin
+    from ..export.onnxruntime import require_onnx_runtime
+    from ..export.openvino import require_openvino
+
+    if not int8:
+        raise FinetuneError("only --int8 export is supported; pass --int8")
+    if backend not in BACKENDS:
+        raise FinetuneError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}; pass --backend openvino")
+    if isinstance(calibration_reviews, bool) or not isinstance(calibration_reviews, int) or calibration_reviews < 1:
+        raise FinetuneError(f"--calibration_reviews must be a whole number >= 1 (got {calibration_reviews!r})")
+    if backend == "onnxruntime" and (calibration is not None or weights_only):
+        flag = "--calibration" if calibration is not None else "--weights_only"
+        raise FinetuneError(f"{flag} is for --backend openvino; leave it out with --backend onnxruntime")
+    if weights_only and calibration is not None:
+        raise FinetuneError("--weights_only needs no calibration reviews; leave out --calibration")
+    if fp32_fallback is not None:
+        check_fallback_margin(fp32_fallback)
+    require_openvino() if backend == "openvino" else require_onnx_runtime()
+
+
+def _checked_output_dir(model_dir: Path, output: str | None) -> Path:
+    """Where the export goes (``<model>-int8`` by default): not there yet, in a folder that is."""
+    # Made absolute first: "." and ".." (export run from inside the run folder) have no name to add "-int8"
+    # to. abspath, not resolve: a run reached through a symlink gets its copy beside the link, where it was named.
+    absolute = Path(os.path.abspath(model_dir))
+    output_dir = Path(output) if output else absolute.with_name(f"{absolute.name}-int8")
+    if output_dir.exists():
+        raise FinetuneError(f"{output_dir} already exists; remove it or pass --output DIR")
+    if not output_dir.parent.is_dir():
+        raise FinetuneError(f"--output {output_dir}: folder {output_dir.parent} does not exist; create it first")
+    return output_dir
+
+
+def _write_int8(
+    model: Any,
+    tokenizer: Any,
+    staging: Path,
+    model_dir: Path,
+    backend: str,
+    weights_only: bool,
+    run_config: dict[str, Any] | None,
+    texts: list[str],
+    texts_source: str,
+) -> Path:
+    """The int8 model written into ``staging`` by the backend asked for; returns its model file."""
+    if backend == "openvino" and not weights_only:
+        from ..data.encoding import ReviewEncoding
+        from ..export.openvino import export_openvino_int8
+
+        encoding = ReviewEncoding.from_fields((run_config or {}).get("data", {}))
+        return export_openvino_int8(
+            model, tokenizer, staging, str(model_dir), texts, encoding, calibration_source=texts_source
+        )
+    if weights_only:
+        from ..export.openvino import export_openvino_weights_int8
+
+        return export_openvino_weights_int8(model, tokenizer, staging, str(model_dir))
+    from ..export.onnxruntime import export_int8
+
+    return export_int8(model, tokenizer, staging, source=str(model_dir))
+
+
+def _finish_export(model_dir: Path, staging: Path, output_dir: Path, model: Any, fp32_fallback: float | None) -> None:
+    """The run record (and the fp32 fallback) added to ``staging``, then renamed to ``output_dir`` whole."""
+    from ..export.common import copy_run_record
+    from ..export.fallback import add_fp32_fallback
+
+    copy_run_record(model_dir, staging)
+    if fp32_fallback is not None:
+        add_fp32_fallback(staging, model, fp32_fallback)
+    try:
+        os.rename(staging, output_dir)  # fails rather than replace a folder another export made meanwhile
+    except OSError as error:
+        raise FinetuneError(
+            f"cannot move the export into {output_dir} ({error.strerror or error}); it was made meanwhile "
+            "by another export, or cannot be written: remove it or pass --output DIR"
+        ) from None
 
 
 def _remove_dead_exports(output_dir: Path) -> None:
@@ -155,7 +197,7 @@ def _calibration_texts(
 ) -> tuple[list[str], str]:
     """Up to ``count`` reviews to calibrate on, as the model reads them, and where they came from."""
     if calibration is not None:
-        from .predict import read_model_inputs
+        from ..pipeline.review_rows import read_model_inputs
 
         return read_model_inputs(model_dir, calibration, limit=count), f"the first reviews of {calibration}"
     if run_config is None:

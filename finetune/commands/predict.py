@@ -1,7 +1,7 @@
 """``finetune predict``: a label and its probability for every review in a file or on stdin.
 
-Prediction streams: rows are read, scored and written in batches of
-``READ_ROWS`` (or fewer, when stdin has nothing more waiting), so memory stays
+Prediction streams: rows are read (:mod:`finetune.pipeline.review_rows`), scored and
+written in batches of ``READ_ROWS`` (or fewer, when stdin has nothing more waiting), so memory stays
 bounded on a file of any length and a review piped in on stdin is answered as
 soon as it arrives. Output goes to a hidden ``.partial`` file beside
 ``--output`` that replaces it only when every row is written, so a failure
@@ -10,34 +10,23 @@ leaves an earlier output whole.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import itertools
 import json
 import os
-import re
-import select
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from ..config.csv_cells import guard_cell, guard_row, unguard_row
-from ..data.bad_text import ON_BAD_TEXT, find_bad_text, repair_value
+from ..config.csv_cells import guard_cell, guard_row
+from ..data.bad_text import ON_BAD_TEXT
 from ..errors import FinetuneError
+from ..pipeline.review_rows import _guess_text_column, _model_inputs, _open_rows
 
-_TEXT_COLUMN_GUESSES = ("text", "review", "content", "body", "sentence")
-# Rows read, scored and written at a time: large enough to keep length-sorted batches full,
-# small enough that memory does not grow with the input.
-READ_ROWS = 1024
-# The model reads a few hundred tokens; a "review" of more characters than this is a broken
-# file or an endless stream (predict < /dev/zero), not a review.
-MAX_REVIEW_CHARS = 100_000
 # What --output's extension asks for; with no extension, the input's format.
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
-# A JSON escape of a surrogate code unit (\ud800-\udfff): how a lone surrogate gets into a UTF-8 file.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 # --output names that mean standard output.
 STDOUT_NAMES = ("-", "/dev/stdout")
 
@@ -71,23 +60,42 @@ def predict(
     is written; with ``on_bad_text="replace"`` it is read with U+FFFD in its
     place (:mod:`finetune.data.bad_text`).
     """
-    from tqdm.auto import tqdm
-
-    from ..config.output_files import is_stream
-    from ..data.encoding import ReviewEncoding
-    from ..evaluation.inference import (
-        check_batch_size,
-        load_inference_model,
-        predict_probabilities,
-        warn_if_model_changed,
-    )
     from ..training.runs import find_run_config
 
     # Every check before the model loads: a mistake costs a second, not an inference.
+    model_dir = Path(model_path)
+    output_path = _checked_output(model_dir, output_path, batch_size, overwrite, explain, on_bad_text)
+    data_fields = (find_run_config(model_dir) or {}).get("data", {})
+    rows, input_format = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
+    with _Output(output_path, input_format, replace=overwrite, raw_csv=raw_csv) as output, rows:
+        batches = rows.batches()
+        if not rows.is_stdin:
+            # A file's first rows are read before the model loads, so a broken file costs no load;
+            # stdin is not waited on, so the first review piped in finds the model ready.
+            first = list(itertools.islice(batches, 1))
+            batches = itertools.chain(first, batches)
+        reading = _Reading(model_dir, data_fields, text_column, input_path, batch_size, explain)
+        count, empty_reviews = _predict_batches(batches, reading, output)
+        if count == 0 and rows.is_stdin:
+            raise FinetuneError("no reviews on stdin; pipe one review per line or pass --input FILE")
+        if count == 0:
+            raise FinetuneError(f"{input_path} has no rows; give it at least one review")
+    _say_notes(rows.repaired_lines, empty_reviews, count)
+    if output_path:
+        print(f"wrote {count} predictions to {output_path}", file=sys.stderr)
+    return count
+
+
+def _checked_output(
+    model_dir: Path, output_path: str | None, batch_size: int, overwrite: bool, explain: bool, on_bad_text: str
+) -> str | None:
+    """``--output`` checked before anything is read (None: standard output), with the other options."""
+    from ..config.output_files import is_stream
+    from ..evaluation.inference import check_batch_size
+
     check_batch_size(batch_size)
     if on_bad_text not in ON_BAD_TEXT:
         raise FinetuneError(f"--on_bad_text must be one of {', '.join(ON_BAD_TEXT)} (got {on_bad_text!r})")
-    model_dir = Path(model_path)
     if explain and model_dir.is_dir():
         from ..evaluation.explain import require_explainable_folder
 
@@ -109,56 +117,77 @@ def predict(
         raise FinetuneError(
             f"--output {output_path}: unknown file type {suffix}; end it in .csv, .tsv or .jsonl (or .json for JSONL)"
         )
-    run_config = find_run_config(model_dir) or {}
-    data_fields = run_config.get("data", {})
-    rows, input_format = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
+    return output_path
 
-    with _Output(output_path, input_format, replace=overwrite, raw_csv=raw_csv) as output, rows:
-        batches = rows.batches()
-        if not rows.is_stdin:
-            # A file's first rows are read before the model loads, so a broken file costs no load;
-            # stdin is not waited on, so the first review piped in finds the model ready.
-            first = list(itertools.islice(batches, 1))
-            batches = itertools.chain(first, batches)
-        model, tokenizer = load_inference_model(model_dir)
-        # After the check: a model that does not work is refused in one line, with no warning before it.
-        warn_if_model_changed(model_dir, "its predictions")
-        encoding = ReviewEncoding.from_fields(data_fields)
-        label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
-        bar = tqdm(desc="predict", unit=" reviews", dynamic_ncols=True, disable=None)
-        column = None
-        count = 0
-        empty_reviews: list[int] = []  # 1-based, in input order
-        for batch in batches:
-            column = column or text_column or _guess_text_column(batch, data_fields.get("text_column"), input_path)
-            texts = _model_inputs(batch, column, data_fields.get("title_column"), data_fields.get("clean_text", True))
-            # An empty review is not scored: training drops such rows and stdin skips blank lines.
-            empty_reviews += [count + index + 1 for index, text in enumerate(texts) if not text]
-            nonempty = [text for text in texts if text]
-            probabilities = predict_probabilities(model, tokenizer, nonempty, batch_size, encoding) if nonempty else []
-            # The model's columns for each non-empty review, joined to its input row below.
-            results = [_result({}, probs, label_names) for probs in probabilities]
-            if explain:
-                _add_top_words(results, model, tokenizer, nonempty, probabilities, batch_size, encoding, output.format)
-            answers = iter(results)
-            output.write(
-                [
-                    {**row, **next(answers)} if text else _no_result(row, label_names, explain)
-                    for row, text in zip(batch, texts)
-                ]
+
+@dataclass
+class _Reading:
+    """How the rows are read and scored: the model folder, its recipe's data fields, and the options."""
+
+    model_dir: Path
+    data_fields: dict[str, Any]
+    text_column: str | None
+    input_path: str | None
+    batch_size: int
+    explain: bool
+
+
+def _predict_batches(
+    batches: Iterator[list[dict[str, Any]]], reading: _Reading, output: _Output
+) -> tuple[int, list[int]]:
+    """Score and write every batch; returns the rows written and the (1-based) numbers of the empty reviews."""
+    from tqdm.auto import tqdm
+
+    from ..data.encoding import ReviewEncoding
+    from ..evaluation.inference import load_inference_model, predict_probabilities, warn_if_model_changed
+
+    model, tokenizer = load_inference_model(reading.model_dir)
+    # After the check: a model that does not work is refused in one line, with no warning before it.
+    warn_if_model_changed(reading.model_dir, "its predictions")
+    fields = reading.data_fields
+    encoding = ReviewEncoding.from_fields(fields)
+    label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
+    bar = tqdm(desc="predict", unit=" reviews", dynamic_ncols=True, disable=None)
+    column = None
+    count = 0
+    empty_reviews: list[int] = []  # 1-based, in input order
+    for batch in batches:
+        column = (
+            column or reading.text_column or _guess_text_column(batch, fields.get("text_column"), reading.input_path)
+        )
+        texts = _model_inputs(batch, column, fields.get("title_column"), fields.get("clean_text", True))
+        # An empty review is not scored: training drops such rows and stdin skips blank lines.
+        empty_reviews += [count + index + 1 for index, text in enumerate(texts) if not text]
+        nonempty = [text for text in texts if text]
+        probabilities = (
+            predict_probabilities(model, tokenizer, nonempty, reading.batch_size, encoding) if nonempty else []
+        )
+        # The model's columns for each non-empty review, joined to its input row below.
+        results = [_result({}, probs, label_names) for probs in probabilities]
+        if reading.explain:
+            _add_top_words(
+                results, model, tokenizer, nonempty, probabilities, reading.batch_size, encoding, output.format
             )
-            count += len(batch)
-            bar.update(len(batch))
-        bar.close()
-        if count == 0 and rows.is_stdin:
-            raise FinetuneError("no reviews on stdin; pipe one review per line or pass --input FILE")
-        if count == 0:
-            raise FinetuneError(f"{input_path} has no rows; give it at least one review")
-    if rows.repaired_lines:
-        shown = ", ".join(map(str, rows.repaired_lines[:10])) + (", ..." if len(rows.repaired_lines) > 10 else "")
+        answers = iter(results)
+        output.write(
+            [
+                {**row, **next(answers)} if text else _no_result(row, label_names, reading.explain)
+                for row, text in zip(batch, texts)
+            ]
+        )
+        count += len(batch)
+        bar.update(len(batch))
+    bar.close()
+    return count, empty_reviews
+
+
+def _say_notes(repaired_lines: list[int], empty_reviews: list[int], count: int) -> None:
+    """Say which reviews were read with U+FFFD (--on_bad_text replace) and which were empty."""
+    if repaired_lines:
+        shown = ", ".join(map(str, repaired_lines[:10])) + (", ..." if len(repaired_lines) > 10 else "")
         print(
-            f"note: {len(rows.repaired_lines)} review{'s' if len(rows.repaired_lines) > 1 else ''} held text that is "
-            f"not Unicode (line{'s' if len(rows.repaired_lines) > 1 else ''} {shown}), read with U+FFFD in its place "
+            f"note: {len(repaired_lines)} review{'s' if len(repaired_lines) > 1 else ''} held text that is "
+            f"not Unicode (line{'s' if len(repaired_lines) > 1 else ''} {shown}), read with U+FFFD in its place "
             "(--on_bad_text replace)",
             file=sys.stderr,
         )
@@ -169,31 +198,6 @@ def predict(
             "as training drops empty reviews",
             file=sys.stderr,
         )
-    if output_path:
-        print(f"wrote {count} predictions to {output_path}", file=sys.stderr)
-    return count
-
-
-def read_model_inputs(
-    model_dir: Path, input_path: str, text_column: str | None = None, limit: int | None = None
-) -> list[str]:
-    """The first ``limit`` reviews of ``input_path`` as ``predict`` feeds them to ``model_dir``'s model.
-
-    Read as predict reads them (CSV, TSV or JSONL; the recipe's text column or a
-    guessed one; cleaned and joined to the title as in training).
-    """
-    from ..training.runs import find_run_config
-
-    data_fields = (find_run_config(model_dir) or {}).get("data", {})
-    rows, _ = _open_rows(input_path)
-    if rows.is_stdin:
-        raise FinetuneError("reviews to read must come from a file; pass a .csv, .tsv or .jsonl path")
-    with rows:
-        taken = list(itertools.islice(rows.rows, limit))
-    if not taken:
-        raise FinetuneError(f"{input_path} has no rows; give it at least one review")
-    column = text_column or _guess_text_column(taken, data_fields.get("text_column"), input_path)
-    return _model_inputs(taken, column, data_fields.get("title_column"), data_fields.get("clean_text", True))
 
 
 def _result(row: dict[str, Any], probs: Any, label_names: list[str]) -> dict[str, Any]:
@@ -233,241 +237,6 @@ def _add_top_words(
             result["top_words"] = [{"word": word.word, "score": round(word.score, 4)} for word in words]
         else:
             result["top_words"] = format_top_words(explanation)
-
-
-# ------------------------------------------------------------------ reading
-
-
-class _Rows:
-    """The input's rows, handed out in batches; a context manager that closes the file."""
-
-    def __init__(
-        self, rows: Iterator[dict[str, Any]], handle: IO[str], is_stdin: bool, repaired_lines: list[int] | None = None
-    ) -> None:
-        self.rows = rows
-        self.handle = handle
-        self.is_stdin = is_stdin
-        # The lines whose text was read with U+FFFD in place of what is not Unicode (--on_bad_text replace).
-        self.repaired_lines = repaired_lines if repaired_lines is not None else []
-
-    def __enter__(self) -> _Rows:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.is_stdin:
-            self.handle.close()
-
-    def batches(self) -> Iterator[list[dict[str, Any]]]:
-        """Up to ``READ_ROWS`` rows at a time; from stdin, only the rows already waiting after the first."""
-        while True:
-            batch = list(itertools.islice(self.rows, 1))
-            if not batch:
-                return
-            # A stream answers each line as it comes: the batch stops where the waiting input does.
-            while len(batch) < READ_ROWS and (not self.is_stdin or _input_waiting(self.handle)):
-                more = list(itertools.islice(self.rows, READ_ROWS - len(batch) if not self.is_stdin else 1))
-                if not more:
-                    break
-                batch += more
-            yield batch
-
-
-def _input_waiting(handle: IO[str]) -> bool:
-    """True when reading ``handle`` would not block (always, for a file or a StringIO)."""
-    try:
-        ready, _, _ = select.select([handle], [], [], 0)
-    except (OSError, ValueError, io.UnsupportedOperation):
-        return True
-    return bool(ready)
-
-
-def _open_rows(input_path: str | None, raw_csv: bool = False, on_bad_text: str = "refuse") -> tuple[_Rows, str]:
-    """The rows of ``input_path`` (stdin when None or '-') as a lazy reader, and the output format they suggest.
-
-    A CSV or TSV file's cells lose the ``'`` that guards a formula (:mod:`finetune.config.csv_cells`),
-    unless ``raw_csv``.
-    """
-    from ..config.text_files import file_encoding_problem
-
-    if input_path in (None, "-"):
-        with contextlib.suppress(AttributeError, io.UnsupportedOperation):
-            sys.stdin.reconfigure(encoding="utf-8")  # the locale's encoding is not the file's
-        return _Rows(_stdin_rows(sys.stdin), sys.stdin, is_stdin=True), "csv"
-    path = Path(input_path)
-    if path.is_dir():
-        raise FinetuneError(f"--input {input_path} is a folder; pass a CSV, TSV or JSONL file in it")
-    if not path.is_file():
-        raise FinetuneError(f"input file not found: {input_path}; check the path")
-    suffix = path.suffix.lower()
-    if suffix not in (".csv", ".tsv", ".jsonl", ".json"):
-        raise FinetuneError(f"{input_path}: unsupported input type; use .csv, .tsv or .jsonl (or stdin)")
-    # Read in chunks, so a huge file costs a pass over its bytes, not its size in memory.
-    problem = file_encoding_problem(path)
-    if problem is not None:
-        raise FinetuneError(f"{input_path} {problem}")
-    if suffix in (".csv", ".tsv"):
-        handle = path.open(newline="", encoding="utf-8-sig")
-        delimiter = "\t" if suffix == ".tsv" else ","
-        rows = _csv_rows(handle, input_path, delimiter)
-        return _Rows(rows if raw_csv else map(unguard_row, rows), handle, False), suffix.lstrip(".")
-    if on_bad_text == "refuse":
-        _refuse_bad_text_before_reading(path, input_path)
-    # utf-8-sig: a byte-order mark (Windows editors write one) is read past, as for CSV and TSV.
-    handle = path.open(encoding="utf-8-sig")
-    repaired: list[int] = []
-    return _Rows(_jsonl_rows(handle, input_path, on_bad_text, repaired), handle, False, repaired), "jsonl"
-
-
-def _refuse_bad_text_before_reading(path: Path, input_path: str) -> None:
-    """Refuse a JSON Lines file holding a lone surrogate before the model loads, so nothing is written.
-
-    A file decoded as UTF-8 holds one only as a JSON escape (``\\ud800``): the
-    bytes are searched for such an escape (a pass like the encoding check's),
-    and only a file that has one is read through as JSON.
-    """
-    with path.open("rb") as handle:
-        tail = b""
-        while True:
-            chunk = handle.read(1 << 20)
-            if not chunk:
-                return
-            if _SURROGATE_ESCAPE.search(tail + chunk):
-                break
-            tail = chunk[-5:]  # an escape cut by the chunk's end
-    with path.open(encoding="utf-8-sig") as handle:
-        for _ in _jsonl_rows(handle, input_path, "refuse", []):
-            pass
-
-
-def _stdin_rows(handle: IO[str]) -> Iterator[dict[str, Any]]:
-    for line in _capped_lines(handle, "stdin"):
-        if line.strip():
-            yield {"text": line.strip()}
-
-
-def _capped_lines(handle: IO[str], name: str) -> Iterator[str]:
-    """Lines of ``handle``, refusing one longer than ``MAX_REVIEW_CHARS`` before it is read whole."""
-    line_number = 0
-    while True:
-        try:
-            line = handle.readline(MAX_REVIEW_CHARS + 1)
-        except UnicodeDecodeError as error:
-            from ..config.text_files import encoding_problem
-
-            # The chunk the decoder read ahead: binary data or UTF-16 is named as such, not as Latin-1.
-            problem = encoding_problem(bytes(error.object), at_end=False)
-            if problem is not None and not problem.startswith("is not UTF-8"):
-                # The file check's fix speaks of a path; what was piped in has none.
-                problem = problem.replace("check that the path names the right file", "check what is piped in")
-                raise FinetuneError(f"{name} {problem}") from None
-            raise FinetuneError(
-                # The decoder reads ahead in chunks, so the line it failed on is not known.
-                f"{name} is not UTF-8 (byte 0x{error.object[error.start]:02x}, likely Latin-1 or Windows-1252); "
-                "convert it first, e.g. iconv -f latin1 -t utf-8"
-            ) from None
-        if not line:
-            return
-        line_number += 1
-        if len(line) > MAX_REVIEW_CHARS and not line.endswith("\n"):
-            raise FinetuneError(
-                f"{name} line {line_number} is longer than {MAX_REVIEW_CHARS:,} characters, too long for a "
-                "review; check the input (one review per line) or shorten that line"
-            )
-        yield line
-
-
-def _csv_rows(handle: IO[str], input_path: str, delimiter: str) -> Iterator[dict[str, Any]]:
-    limit = csv.field_size_limit()
-    csv.field_size_limit(MAX_REVIEW_CHARS)
-    try:
-        # CSV is strict: an unclosed quote is an error, not a field that swallows every row after it.
-        # TSV files are often written without quoting, so a review that opens with a quoted word
-        # ("Best" buy ever) is read as before rather than refused.
-        reader = csv.DictReader(handle, delimiter=delimiter, strict=delimiter == ",")
-        # DictReader keeps the last of two same-named columns; which one was meant is not knowable.
-        header = reader.fieldnames or []
-        twice = next((name for index, name in enumerate(header) if name and name in header[:index]), None)
-        if twice is not None:
-            raise FinetuneError(f"{input_path} has two columns named '{twice}'; rename one in its header row")
-        row_number = 1
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as error:
-                if "field limit" in str(error):
-                    raise FinetuneError(
-                        f"{input_path} row {row_number + 1}: {error}; a field may hold at most "
-                        f"{MAX_REVIEW_CHARS:,} characters (check for an unclosed quote)"
-                    )
-                raise FinetuneError(
-                    f"{input_path} row {row_number + 1}: {error}; check that row's quotes (a field holding quotes "
-                    'is quoted whole, its quotes doubled: "a ""quoted"" word")'
-                )
-            row_number += 1
-            if None in row:  # DictReader files surplus fields under None
-                raise FinetuneError(
-                    f"{input_path} row {row_number} has more fields than the header; quote texts that contain commas"
-                )
-            yield row
-    finally:
-        csv.field_size_limit(limit)
-
-
-def _jsonl_rows(
-    handle: IO[str], input_path: str, on_bad_text: str = "refuse", repaired: list[int] | None = None
-) -> Iterator[dict[str, Any]]:
-    """The objects of a JSON Lines file; one holding text that is not Unicode is refused or repaired (``on_bad_text``).
-
-    The line numbers of repaired rows are added to ``repaired``.
-    """
-    for line_number, line in enumerate(_capped_lines(handle, input_path), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise FinetuneError(f"{input_path} is not JSON Lines (line {line_number}); write one object per line")
-        if not isinstance(row, dict):
-            raise FinetuneError(f"{input_path} line {line_number} is not a JSON object; write one object per line")
-        bad = find_bad_text(row, "")
-        if bad is not None and on_bad_text == "replace":
-            row = repair_value(row)
-            if repaired is not None:
-                repaired.append(line_number)
-        elif bad is not None:
-            where, problem = bad
-            raise FinetuneError(
-                f"{input_path} line {line_number}: '{where}' {problem}; fix that line (often an emoji cut in half), "
-                "or pass --on_bad_text replace to read it as U+FFFD"
-            )
-        yield row
-
-
-def _guess_text_column(rows: list[dict[str, Any]], recipe_column: str | None, input_path: str | None) -> str:
-    columns = list(rows[0])
-    for candidate in (recipe_column, *_TEXT_COLUMN_GUESSES):
-        if candidate and candidate in columns:
-            return candidate
-    raise FinetuneError(f"{input_path} has no text column (columns: {', '.join(columns)}); pass --text_column NAME")
-
-
-def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | None, clean: bool) -> list[str]:
-    """Each row's text cleaned and joined to its title as in training, so the model sees what it learned from.
-
-    A row whose text is empty (after cleaning) gives ``""`` even with a title, as training drops it.
-    """
-    from ..data.cleaning import clean_texts
-    from ..data.splits import join_title
-
-    if any(column not in row for row in rows):
-        raise FinetuneError(f"a row has no '{column}' column; pass --text_column NAME")
-    bodies = [str(row[column] or "") for row in rows]
-    titles = [str(row.get(title_column) or "") if title_column else "" for row in rows]
-    if clean:
-        bodies, titles = clean_texts(bodies), clean_texts(titles)
-    return [join_title(title.strip(), body.strip()) if body.strip() else "" for title, body in zip(titles, bodies)]
 
 
 # ------------------------------------------------------------------ writing

@@ -13,11 +13,15 @@ import signal
 import socket
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FinetuneError
 
 DEFAULT_PORT = 8000
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+if TYPE_CHECKING:
+    from ..serve.connections import ConnectionLimits
 
 
 def serve(
@@ -55,44 +59,19 @@ def serve(
     model's files change on disk the log and ``/info`` say so; with
     ``reload_on_change`` the model is loaded again (:mod:`finetune.serve.watch`).
     """
-    try:
-        import uvicorn
-    except ImportError:
-        raise FinetuneError(
-            "finetune serve needs FastAPI and uvicorn; install them with: pip install 'finetune[serve]'"
-        )
+    _require_uvicorn()
     from ..serve.app import TOKEN_ENV, BatchSettings, ServeLimits, create_app
-    from ..serve.connections import ConnectionLimits, guarded_protocol
+    from ..serve.connections import ConnectionLimits
     from ..serve.model import load_served_model, require_served_folder
 
     # Every check before the model loads: a mistake costs a second, not a load.
     token = token if token is not None else os.environ.get(TOKEN_ENV)
-    if token is not None and not token.strip():
-        raise FinetuneError(f"the token is empty; pass --token with a secret, or unset {TOKEN_ENV}")
-    if max_wait_ms < 0:
-        raise FinetuneError(f"--max_wait_ms must be >= 0 (got {max_wait_ms})")
-    if max_body_bytes < 1:
-        raise FinetuneError(f"--max_body_bytes must be >= 1 (got {max_body_bytes})")
-    for flag, seconds in (
-        ("--header_timeout", header_timeout),
-        ("--body_timeout", body_timeout),
-        ("--keep_alive_timeout", keep_alive_timeout),
-    ):
-        if not 0 < seconds < float("inf"):
-            raise FinetuneError(f"{flag} must be a number of seconds > 0 (got {seconds}); e.g. {flag} 10")
-    if max_connections < 1:
-        raise FinetuneError(f"--max_connections must be >= 1 (got {max_connections})")
+    connections = ConnectionLimits(header_timeout, body_timeout, keep_alive_timeout, max_connections)
+    _check_options(token, max_wait_ms, max_body_bytes, connections)
     require_served_folder(model_path)
     listener = _listen(host, port)
-
-    if threads is not None:
-        import torch
-
-        # On a machine busy with other work, one thread can be several times faster for the few reviews
-        # of a request: torch's threads wait on each other at every operation (docs/serve.md).
-        torch.set_num_threads(threads)
+    _set_threads(threads)
     served = load_served_model(model_path)
-    connections = ConnectionLimits(header_timeout, body_timeout, keep_alive_timeout, max_connections)
     app = create_app(
         served,
         ServeLimits(max_body_bytes=max_body_bytes, max_reviews=max_reviews, max_review_chars=max_review_chars),
@@ -102,6 +81,76 @@ def serve(
         reload_on_change=reload_on_change,
         connections=connections,
     )
+    _say_where(served, listener, host, token)
+    _run_server(app, listener, access_log, connections)
+    print("stopped", file=sys.stderr)
+
+
+def _require_uvicorn() -> None:
+    """Refuse to start without the ``serve`` extra, naming the install command."""
+    try:
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise FinetuneError(
+            "finetune serve needs FastAPI and uvicorn; install them with: pip install 'finetune[serve]'"
+        )
+
+
+def _set_threads(threads: int | None) -> None:
+    """Torch's threads for the model's calls (None: torch's default, one per core)."""
+    if threads is None:
+        return
+    import torch
+
+    # On a machine busy with other work, one thread can be several times faster for the few reviews
+    # of a request: torch's threads wait on each other at every operation (docs/serve.md).
+    torch.set_num_threads(threads)
+
+
+def _run_server(app: Any, listener: socket.socket, access_log: bool, connections: ConnectionLimits) -> None:
+    """uvicorn serving ``app`` on ``listener`` until SIGTERM or Ctrl-C (which end it with exit status 0)."""
+    import uvicorn
+
+    from ..serve.connections import guarded_protocol
+
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=access_log,
+        timeout_graceful_shutdown=60,
+        # uvicorn's h11 protocol with read timeouts, the cap and JSON errors (httptools is never used).
+        http=guarded_protocol(connections),
+        timeout_keep_alive=connections.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn types it int; a float works
+        ws="none",  # no WebSocket route: an Upgrade request is answered as HTTP, its errors in JSON
+    )
+    _server_class()(config).run(sockets=[listener])
+
+
+def _check_options(token: str | None, max_wait_ms: float, max_body_bytes: int, connections: ConnectionLimits) -> None:
+    """Refuse an empty token, a negative wait, and limits and timeouts that would stop every request."""
+    from ..serve.app import TOKEN_ENV
+
+    if token is not None and not token.strip():
+        raise FinetuneError(f"the token is empty; pass --token with a secret, or unset {TOKEN_ENV}")
+    if max_wait_ms < 0:
+        raise FinetuneError(f"--max_wait_ms must be >= 0 (got {max_wait_ms})")
+    if max_body_bytes < 1:
+        raise FinetuneError(f"--max_body_bytes must be >= 1 (got {max_body_bytes})")
+    for flag, seconds in (
+        ("--header_timeout", connections.header_timeout),
+        ("--body_timeout", connections.body_timeout),
+        ("--keep_alive_timeout", connections.keep_alive_timeout),
+    ):
+        if not 0 < seconds < float("inf"):
+            raise FinetuneError(f"{flag} must be a number of seconds > 0 (got {seconds}); e.g. {flag} 10")
+    if connections.max_connections < 1:
+        raise FinetuneError(f"--max_connections must be >= 1 (got {connections.max_connections})")
+
+
+def _say_where(served: Any, listener: socket.socket, host: str, token: str | None) -> None:
+    """The address served (port 0's number known now), and a warning when anyone on the network may use it."""
+    from ..serve.app import TOKEN_ENV
+
     bound_host, bound_port = listener.getsockname()[:2]
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
     print(f"serving {served.model_dir} ({served.backend}) at {url}", file=sys.stderr)
@@ -112,18 +161,6 @@ def serve(
             f"set {TOKEN_ENV} or pass --token",
             file=sys.stderr,
         )
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=access_log,
-        timeout_graceful_shutdown=60,
-        # uvicorn's h11 protocol with read timeouts, the cap and JSON errors (httptools is never used).
-        http=guarded_protocol(connections),
-        timeout_keep_alive=keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn types it int; a float works
-        ws="none",  # no WebSocket route: an Upgrade request is answered as HTTP, its errors in JSON
-    )
-    _server_class()(config).run(sockets=[listener])
-    print("stopped", file=sys.stderr)
 
 
 def _listen(host: str, port: int) -> socket.socket:

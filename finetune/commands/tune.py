@@ -60,24 +60,37 @@ def tune(
 ) -> dict[str, Any]:
     """Run (or resume) the search; returns the best trial's number, objective and values."""
     try:
-        import optuna
+        import optuna  # noqa: F401  # the error names the fix before any data is read
     except ImportError:
         raise FinetuneError("finetune tune needs Optuna, which is not installed; pip install optuna (or '.[tune]')")
-    from transformers import DataCollatorWithPadding
-
     from ..config.recipes import load_recipe
-    from ..data.encoding import ReviewEncoding
-    from ..data.splits import load_review_data, tokenize_splits
-    from ..evaluation.metrics import build_compute_metrics
-    from ..training.modeling import load_classifier, load_tokenizer
-    from ..training.trainer import ReviewTrainer
 
     if trials < 1:
         raise FinetuneError(f"--trials must be >= 1 (got {trials}); e.g. --trials 10")
     run = load_recipe(recipe, overrides)
-    args = run.training
     # Trainer writes each trial's values into args; the space is sized on the recipe's own epochs.
-    recipe_epochs = args.num_train_epochs
+    recipe_epochs = run.training.num_train_epochs
+    folder = _checked_folder(recipe, output)
+    searched = _searched(recipe, overrides or [])
+    if (folder / JOURNAL).is_file():  # checked before the data is read and the journal opened for writing
+        _mend_cut_short_journal(folder / JOURNAL)
+        _check_same_search(_recorded_study(folder), folder, searched)
+    _set_trial_arguments(run.training, folder)
+    trainer_inputs = _read_for_trials(run)
+    folder.mkdir(parents=True, exist_ok=True)
+    storage, finished = _open_study(folder, run.training.seed, searched)
+    best_so_far = _BestOfTrial()
+    trainer = _trials_trainer(run, trainer_inputs, [best_so_far, _TrialAnnouncer(trials, len(finished))])
+    study = _search(trainer, storage, folder, best_so_far, trials - len(finished), recipe_epochs, len(finished))
+    best = study.best_trial
+    best_path = write_best_recipe(folder / BEST_RECIPE, recipe, overrides or [], best.params, best.value, best.number)
+    print(f"best: trial {best.number}, validation macro-F1 {best.value:.4f}, {best.params}")
+    print(f"trials in {folder / 'trials.md'}; best recipe {best_path}: finetune train {best_path}", file=sys.stderr)
+    return {"number": best.number, "objective": best.value, "params": best.params}
+
+
+def _checked_folder(recipe: str, output: str | None) -> Path:
+    """Where the trials go (``runs/<recipe>-tune`` by default): a new folder, or a search's to resume."""
     folder = Path(output) if output else Path("runs") / f"{Path(recipe).stem}-tune"
     if folder.exists() and not folder.is_dir():
         raise FinetuneError(f"--output {folder} is a file; give a folder for the trials")
@@ -88,13 +101,11 @@ def tune(
             f"--output {folder} already holds files and no {JOURNAL}, so it is not a search to resume; "
             "choose another --output"
         )
+    return folder
 
-    searched = _searched(recipe, overrides or [])
-    if (folder / JOURNAL).is_file():  # checked before the data is read and the journal opened for writing
-        _mend_cut_short_journal(folder / JOURNAL)
-        _check_same_search(_recorded_study(folder), folder, searched)
 
-    # Trials compare hyper-parameters on validation; they keep no checkpoints.
+def _set_trial_arguments(args: Any, folder: Path) -> None:
+    """Trials compare hyper-parameters on validation; they keep no checkpoints."""
     args.output_dir = str(folder / "trainer")
     args.save_strategy = "no"
     args.load_best_model_at_end = False
@@ -104,7 +115,14 @@ def tune(
     args.metric_for_best_model = "macro_f1"
     args.warmup_steps = float(args.warmup_steps)  # Trainer casts a trial's value to the recipe's type
 
-    data = load_review_data(run.data, seed=args.seed)
+
+def _read_for_trials(run: Any) -> tuple[Any, Any, Any]:
+    """The recipe's data (which must have a validation split), its tokenizer, and the tokenized splits."""
+    from ..data.encoding import ReviewEncoding
+    from ..data.splits import load_review_data, tokenize_splits
+    from ..training.modeling import load_tokenizer
+
+    data = load_review_data(run.data, seed=run.training.seed)
     if "validation" not in data.splits:
         raise FinetuneError(
             "finetune tune needs a validation split; set validation_file or validation_split_percentage"
@@ -113,34 +131,63 @@ def tune(
     encoding = ReviewEncoding.from_fields(vars(run.data))
     encoded, _ = tokenize_splits(data.splits, tokenizer, encoding)
     print("\n".join(data.report.summary_lines()), file=sys.stderr)
+    return data, tokenizer, encoded
 
-    folder.mkdir(parents=True, exist_ok=True)
+
+def _open_study(folder: Path, seed: int, searched: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """The study's storage (made, or opened to resume) and its finished trials; a new one records its search."""
+    import optuna
+
     storage = _storage(folder)
     study = optuna.create_study(
         study_name=STUDY_NAME,
         storage=storage,
         load_if_exists=True,
         direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=args.seed),
+        sampler=optuna.samplers.TPESampler(seed=seed),
     )
     if not study.trials and SEARCH_ATTRIBUTE not in study.user_attrs:
         study.set_user_attr(SEARCH_ATTRIBUTE, searched)
     finished = [trial for trial in study.trials if trial.state.is_finished()]
-    remaining = trials - len(finished)
     if finished:
         print(f"resuming: {len(finished)} trials already finished in {folder / JOURNAL}", file=sys.stderr)
+    return storage, finished
 
-    best_so_far = _BestOfTrial()
-    trainer = ReviewTrainer(
+
+def _trials_trainer(run: Any, trainer_inputs: tuple[Any, Any, Any], callbacks: list[Any]) -> Any:
+    """A ReviewTrainer whose model is made anew for each trial."""
+    from transformers import DataCollatorWithPadding
+
+    from ..evaluation.metrics import build_compute_metrics
+    from ..training.modeling import load_classifier
+    from ..training.trainer import ReviewTrainer
+
+    data, tokenizer, encoded = trainer_inputs
+    return ReviewTrainer(
         model_init=lambda trial: load_classifier(run.model, data.label_names),
-        args=args,
+        args=run.training,
         train_dataset=encoded["train"],
         eval_dataset=encoded["validation"],
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(data.label_names),
-        callbacks=[best_so_far, _TrialAnnouncer(trials, len(finished))],
+        callbacks=callbacks,
     )
+
+
+def _search(
+    trainer: Any,
+    storage: Any,
+    folder: Path,
+    best_so_far: _BestOfTrial,
+    remaining: int,
+    recipe_epochs: float,
+    finished: int,
+) -> Any:
+    """Run the ``remaining`` trials; the study, with every finished trial written out however the search ends."""
+    import optuna
+
+    seed = trainer.args.seed
     try:
         if remaining > 0:
             trainer.hyperparameter_search(
@@ -152,7 +199,7 @@ def tune(
                 study_name=STUDY_NAME,
                 storage=storage,
                 load_if_exists=True,
-                sampler=optuna.samplers.TPESampler(seed=args.seed + len(finished)),
+                sampler=optuna.samplers.TPESampler(seed=seed + finished),
             )
     except KeyboardInterrupt:
         print(
@@ -163,12 +210,7 @@ def tune(
     finally:
         study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
         _write_trials(folder, study)
-
-    best = study.best_trial
-    best_path = write_best_recipe(folder / BEST_RECIPE, recipe, overrides or [], best.params, best.value, best.number)
-    print(f"best: trial {best.number}, validation macro-F1 {best.value:.4f}, {best.params}")
-    print(f"trials in {folder / 'trials.md'}; best recipe {best_path}: finetune train {best_path}", file=sys.stderr)
-    return {"number": best.number, "objective": best.value, "params": best.params}
+    return study
 
 
 def _storage(folder: Path) -> Any:

@@ -24,8 +24,9 @@ class TrainerMember(NamedTuple):
     """One private member of ``transformers.Trainer`` and how this package uses it."""
 
     name: str
-    # "called": we call Trainer's own; "overridden": Trainer calls ours, so the parameters must match
-    # what it passes; "attribute": state Trainer sets or reads, checked by name in its source.
+    # "called": we call Trainer's own and define none; "overridden": we define ours (which may call
+    # Trainer's through super()) and Trainer calls it, so the parameters must match what it passes;
+    # "attribute": state Trainer sets or reads, checked by name in its source.
     use: Use
     # The parameter names after ``self``, in order (empty for an attribute).
     parameters: tuple[str, ...]
@@ -50,13 +51,24 @@ TRAINER_MEMBERS: tuple[TrainerMember, ...] = (
     TrainerMember(
         "_finalize_training", "overridden", ("trial", "num_train_samples", "start_time"), "training/trainer.py"
     ),
-    TrainerMember("_save_checkpoint", "overridden", ("model", "trial"), "training/checkpointing.py: atomic saves"),
+    TrainerMember(
+        "_save_checkpoint",
+        "overridden",
+        ("model", "trial"),
+        "training/checkpointing.py: atomic saves; pipeline/fitting.py calls it for a run stopped after its last update",
+    ),
     TrainerMember(
         "_load_from_checkpoint", "overridden", ("resume_from_checkpoint", "model"), "training/checkpointing.py"
     ),
     TrainerMember("_load_optimizer_and_scheduler", "overridden", ("checkpoint",), "training/checkpointing.py"),
     TrainerMember("_load_rng_state", "overridden", ("checkpoint",), "training/checkpointing.py; trainer.py calls it"),
     TrainerMember("_set_signature_columns_if_needed", "overridden", (), "training/distillation.py: teacher column"),
+    TrainerMember(
+        "_get_learning_rate",
+        "overridden",
+        (),
+        "training/trainer.py: the recipe's learning_rate as scheduled, not the head's; it calls Trainer's",
+    ),
     # Called: Trainer's own helpers, used as they are.
     TrainerMember(
         "_init_training_state",
@@ -75,7 +87,6 @@ TRAINER_MEMBERS: tuple[TrainerMember, ...] = (
     TrainerMember("_determine_best_metric", "called", ("metrics", "trial"), "training/trainer.py"),
     TrainerMember("_clip_grad_norm", "called", ("model",), "training/trainer.py"),
     TrainerMember("_get_grad_norm", "called", ("model", "grad_norm"), "training/trainer.py"),
-    TrainerMember("_get_learning_rate", "called", (), "training/trainer.py"),
     TrainerMember("_prepare_inputs", "called", ("inputs",), "training/trainer.py"),
     TrainerMember("_track_num_input_tokens", "called", ("inputs",), "training/trainer.py"),
     TrainerMember("_load_best_model", "called", (), "training/trainer.py"),

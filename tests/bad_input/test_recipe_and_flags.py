@@ -197,7 +197,7 @@ def test_seeds_refuse_a_later_folder_before_training_or_deleting(
 ):
     # A later seed's folder that train() refuses (here a file) was found only after the earlier seeds
     # trained; with --overwrite_output_dir the earlier seeds.json was deleted first.
-    import finetune.commands.train as train_module
+    import finetune.pipeline.run as train_module
 
     write_csv(tmp_path / "train.csv", GOOD_ROWS)
     runs = tmp_path / "run"

@@ -30,7 +30,7 @@ def run(options: TrainOptions, extra: list[str]) -> None:
         return
     if options.seeds is not None and options.folds is not None:
         raise FinetuneError("--seeds and --folds cannot be combined; cross-validate with --folds, then --seeds")
-    from ..own_reviews import flags_without_recipe, needs_no_recipe, refuse_data_file_as_recipe
+    from ...pipeline.own_reviews import flags_without_recipe, needs_no_recipe, refuse_data_file_as_recipe
 
     refuse_data_file_as_recipe(recipe)
     if needs_no_recipe(recipe, extra):

@@ -1,6 +1,7 @@
 """Train one recipe several times (other seeds, or other held-out folds) and summarise: mean and spread.
 
-``--seeds`` (:mod:`.seeds`) and ``--folds`` (:mod:`.folds`) are both this: a
+``--seeds``, ``--folds`` and ``finetune check``'s draws are all this (a
+:class:`RepeatPlan`, made by :func:`seed_repeats` or :func:`fold_repeats`): a
 list of runs that differ in a few flags, each trained into its own folder,
 then every run's scores, the TF-IDF baseline's on the same reviews, the run's
 lead over it, the training seconds, and their mean and sample standard
@@ -22,6 +23,7 @@ from typing import Any
 from ..config.launch import launched_rank
 from ..config.output_files import write_output_text
 from ..errors import FinetuneError, TrainingInterrupted
+from .flags import HOW_TO_RUN_FLAGS, without_flags
 
 
 @dataclass
@@ -33,31 +35,98 @@ class Repeat:
     output_dir: Path
 
 
-def run_repeats(
-    recipe: str | None,
-    overrides: list[str],
-    repeats: list[Repeat],
-    folder: Path,
-    kind: str,
-    scored_on: str,
-    overwrite: bool,
-    repeat_flags: list[str],
-    teacher: Any = None,
-) -> dict[str, Any]:
-    """Train every repeat, then write and print the summary; returns it.
+@dataclass
+class RepeatPlan:
+    """The runs of one recipe that differ in a few flags, and where and how their summary is written."""
 
-    ``kind`` names a run's key ("seed", "fold") and the summary files;
-    ``scored_on`` names the reviews each run is scored on ("test", "fold");
-    ``repeat_flags`` (``["--seeds", "3"]``) say how the user asked for the repeats;
-    with ``teacher`` (a :class:`finetune.commands.distill.TeacherRun`) every run is its student.
+    kind: str  # what a run's key is ("seed", "fold"); names the summary files <kind>s.json, <kind>s.md
+    scored_on: str  # the reviews each run is scored on ("test", "fold")
+    repeats: list[Repeat]
+    folder: Path  # where the runs' folders and the summary go
+    overwrite: bool  # train every run again (--overwrite_output_dir)
+    repeat_flags: list[str]  # how the user asked for the repeats: ["--seeds", "3"]
+
+
+def seed_repeats(recipe: str | None, overrides: list[str], seeds: int) -> RepeatPlan:
+    """``seeds`` runs with consecutive seeds from the recipe's, each in ``OUTPUT_DIR/seed-<seed>``, scored on test."""
+    from ..config.arguments import MAX_SEED
+    from ..config.recipes import load_recipe
+
+    if seeds < 1:
+        raise FinetuneError(f"--seeds must be >= 1 (got {seeds}); e.g. --seeds 3")
+    run = load_recipe(recipe, overrides)  # every flag checked before the first run starts
+    folder = Path(run.training.output_dir)
+    first_seed = run.training.seed
+    if first_seed + seeds - 1 > MAX_SEED:
+        raise FinetuneError(
+            f"--seeds {seeds} from seed {first_seed} passes the largest seed, {MAX_SEED}; pass a smaller --seed"
+        )
+    repeats = [
+        Repeat(seed, ["--seed", str(seed)], folder / f"seed-{seed}") for seed in range(first_seed, first_seed + seeds)
+    ]
+    return RepeatPlan("seed", "test", repeats, folder, run.training.overwrite_output_dir, ["--seeds", str(seeds)])
+
+
+def fold_repeats(recipe: str | None, overrides: list[str], folds: int) -> RepeatPlan:
+    """One run per fold of the train split, each in ``OUTPUT_DIR/fold-<k>``, scored on the fold it did not train on."""
+    from ..config.recipes import flag_names, load_recipe, read_recipe_file
+
+    if folds < 2:
+        raise FinetuneError(f"--folds must be >= 2 (got {folds}); e.g. --folds 5")
+    named = (set(read_recipe_file(recipe)) if recipe else set()) | flag_names(overrides)
+    if named & {"cross_validation_folds", "cross_validation_fold"}:
+        # --folds sets both for every fold it runs; the recipe's or flags' own would be overridden unseen.
+        raise FinetuneError(
+            f"--folds {folds} runs every fold itself, so cross_validation_folds and cross_validation_fold must not "
+            "be set too; drop them, or leave out --folds to train one fold"
+        )
+    # Every flag checked (the fold flags too) before the first run starts.
+    run = load_recipe(recipe, [*overrides, *_fold_flags(folds, 0)])
+    folder = Path(run.training.output_dir)
+    repeats = [Repeat(fold, _fold_flags(folds, fold), folder / f"fold-{fold}") for fold in range(folds)]
+    return RepeatPlan("fold", "fold", repeats, folder, run.training.overwrite_output_dir, ["--folds", str(folds)])
+
+
+def _fold_flags(folds: int, fold: int) -> list[str]:
+    return ["--cross_validation_folds", str(folds), "--cross_validation_fold", str(fold)]
+
+
+def run_repeats(recipe: str | None, overrides: list[str], plan: RepeatPlan, teacher: Any = None) -> dict[str, Any]:
+    """Train every run of ``plan``, then write and print the summary; returns it.
+
+    With ``teacher`` (a :class:`finetune.pipeline.teacher.TeacherRun`) every run is its student.
     A run already finished in its folder with the same recipe values and flags
-    is not trained again (unless ``overwrite``): its scores are read back, so a
+    is not trained again (unless ``plan.overwrite``): its scores are read back, so a
     stopped ``--seeds 3`` goes on from where it stopped.
     """
-    from ..config.recipes import load_recipe
-    from ..training.runs import check_output_dir, holds_run
-    from .train import HOW_TO_RUN_FLAGS, train, without_flags
+    resume = _checked_resume(recipe, overrides, plan)
+    # Every folder is looked at before any training (or deleting), so a refusal costs no run's time or file.
+    planned = [_planned_run(recipe, overrides, plan, repeat, resume, teacher) for repeat in plan.repeats]
+    if plan.overwrite:
+        # Asked to run them all again: an earlier summary must not stop a stopped rerun from going on.
+        for earlier in (plan.folder / f"{plan.kind}s.json", plan.folder / f"{plan.kind}s.md"):
+            earlier.unlink(missing_ok=True)
+    runs = []
+    for number, (repeat, flags, metrics) in enumerate(planned, start=1):
+        where = f"{plan.kind} {repeat.key} ({number} of {len(plan.repeats)})"
+        if metrics is not None:
+            print(
+                f"{where}: finished before in {repeat.output_dir} with the same recipe and flags; "
+                "its scores are reused",
+                file=sys.stderr,
+            )
+        else:
+            print(f"{where} -> {repeat.output_dir}", file=sys.stderr)
+            metrics = _train_repeat(recipe, overrides, plan, flags, teacher)
+        runs.append({plan.kind: repeat.key, "output_dir": str(repeat.output_dir), **_figures(metrics, plan.scored_on)})
+    return _write_summary(recipe, overrides, plan, runs)
 
+
+def _checked_resume(recipe: str | None, overrides: list[str], plan: RepeatPlan) -> str | None:
+    """The recipe's ``resume_from_checkpoint`` (only ``auto`` or None), refused where it cannot mean every run."""
+    from ..config.recipes import load_recipe
+
+    kind = plan.kind
     resume = load_recipe(recipe, overrides).training.resume_from_checkpoint
     if resume is not None and str(resume) != "auto":
         # One checkpoint cannot be where every run goes on from; it was dropped without a word.
@@ -65,70 +134,75 @@ def run_repeats(
             f"with --{kind}s each {kind} goes on from its own folder, so resume_from_checkpoint takes only auto "
             f"(got {resume}); pass --resume_from_checkpoint auto, or train that one run without --{kind}s"
         )
-    summary_path = folder / f"{kind}s.json"
+    summary_path = plan.folder / f"{kind}s.json"
     # With "auto" the user asks to go on: the finished runs are reused and the summary rewritten to
     # cover them all (e.g. --seeds 3 after --seeds 1 trains two more).
-    if summary_path.exists() and not overwrite and resume is None:
+    if summary_path.exists() and not plan.overwrite and resume is None:
         raise FinetuneError(
             f"{summary_path} already exists; pass --resume_from_checkpoint auto to reuse the finished {kind}s and "
             f"train the rest, --overwrite_output_dir to run the {kind}s again, or choose another output_dir"
         )
-    # Every folder is looked at before any training (or deleting), so a refusal costs no run's time or file.
-    planned = []
-    for repeat in repeats:
-        # Given last, these win over the same flags among the overrides.
-        flags = [*overrides, *repeat.flags, "--output_dir", str(repeat.output_dir)]
-        if not holds_run(repeat.output_dir):
-            # "--resume_from_checkpoint auto" goes on with the stopped run; the ones not begun start afresh.
-            flags = without_flags(flags, {"--resume_from_checkpoint": True})
-        metrics = None if overwrite else finished_run_metrics(recipe, flags, repeat.output_dir, _fingerprint(teacher))
-        if metrics is None and not overwrite and _holds_finished_report(repeat.output_dir):
-            # Going on would "resume" its last checkpoint and keep its model: refused, as train refuses
-            # a folder with a run in it.
-            raise FinetuneError(
-                f"{repeat.output_dir} already holds a run finished with other recipe values, flags or data files; "
-                f"pass --overwrite_output_dir to run the {kind}s again, or choose another output_dir"
-            )
-        if metrics is None:
-            # What train() would refuse (a file, someone else's files, an earlier run) is refused here, first.
-            check_output_dir(
-                str(repeat.output_dir), overwrite, resuming=resume is not None and holds_run(repeat.output_dir)
-            )
-        planned.append((repeat, flags, metrics))
-    if overwrite:
-        # Asked to run them all again: an earlier summary must not stop a stopped rerun from going on.
-        for earlier in (summary_path, folder / f"{kind}s.md"):
-            earlier.unlink(missing_ok=True)
-    runs = []
-    for number, (repeat, flags, metrics) in enumerate(planned, start=1):
-        if metrics is not None:
-            print(
-                f"{kind} {repeat.key} ({number} of {len(repeats)}): finished before in {repeat.output_dir} "
-                "with the same recipe and flags; its scores are reused",
-                file=sys.stderr,
-            )
-        else:
-            print(f"{kind} {repeat.key} ({number} of {len(repeats)}) -> {repeat.output_dir}", file=sys.stderr)
-            try:
-                metrics = train(recipe, flags) if teacher is None else teacher.train_student(recipe, flags)
-            except TrainingInterrupted as stop:
-                # The single run's advice would finish that run alone; this one finishes them all.
-                flags_again = without_flags([*overrides, *repeat_flags], HOW_TO_RUN_FLAGS)
-                command = " ".join([*_command(teacher), *([recipe] if recipe else []), *flags_again])
-                stopped = str(stop).split("; resume with:")[0]
-                raise TrainingInterrupted(
-                    f"{stopped}; the {kind}s finished so far are kept; go on with: {command} "
-                    "--resume_from_checkpoint auto",
-                    stop.exit_status,
-                ) from None
-        runs.append({kind: repeat.key, "output_dir": str(repeat.output_dir), **_figures(metrics, scored_on)})
+    return resume
 
-    columns = _columns(scored_on)
+
+def _planned_run(
+    recipe: str | None, overrides: list[str], plan: RepeatPlan, repeat: Repeat, resume: str | None, teacher: Any
+) -> tuple[Repeat, list[str], dict[str, Any] | None]:
+    """A run's flags, and its metrics if it finished before; refused where train() would refuse its folder."""
+    from ..training.runs import check_output_dir, holds_run
+
+    # Given last, these win over the same flags among the overrides.
+    flags = [*overrides, *repeat.flags, "--output_dir", str(repeat.output_dir)]
+    if not holds_run(repeat.output_dir):
+        # "--resume_from_checkpoint auto" goes on with the stopped run; the ones not begun start afresh.
+        flags = without_flags(flags, {"--resume_from_checkpoint": True})
+    overwrite = plan.overwrite
+    metrics = None if overwrite else finished_run_metrics(recipe, flags, repeat.output_dir, _fingerprint(teacher))
+    if metrics is None and not overwrite and _holds_finished_report(repeat.output_dir):
+        # Going on would "resume" its last checkpoint and keep its model: refused, as train refuses
+        # a folder with a run in it.
+        raise FinetuneError(
+            f"{repeat.output_dir} already holds a run finished with other recipe values, flags or data files; "
+            f"pass --overwrite_output_dir to run the {plan.kind}s again, or choose another output_dir"
+        )
+    if metrics is None:
+        # What train() would refuse (a file, someone else's files, an earlier run) is refused here, first.
+        check_output_dir(
+            str(repeat.output_dir), overwrite, resuming=resume is not None and holds_run(repeat.output_dir)
+        )
+    return repeat, flags, metrics
+
+
+def _train_repeat(
+    recipe: str | None, overrides: list[str], plan: RepeatPlan, flags: list[str], teacher: Any
+) -> dict[str, Any]:
+    """Train one run (a teacher's student, with one); a stop says how to go on with them all."""
+    from . import run
+
+    try:
+        return run.train(recipe, flags) if teacher is None else teacher.train_student(recipe, flags)
+    except TrainingInterrupted as stop:
+        # The single run's advice would finish that run alone; this one finishes them all.
+        flags_again = without_flags([*overrides, *plan.repeat_flags], HOW_TO_RUN_FLAGS)
+        command = " ".join([*_command(teacher), *([recipe] if recipe else []), *flags_again])
+        stopped = str(stop).split("; resume with:")[0]
+        raise TrainingInterrupted(
+            f"{stopped}; the {plan.kind}s finished so far are kept; go on with: {command} "
+            "--resume_from_checkpoint auto",
+            stop.exit_status,
+        ) from None
+
+
+def _write_summary(
+    recipe: str | None, overrides: list[str], plan: RepeatPlan, runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Every run's figures and their mean and sample standard deviation, written and printed; returns them."""
+    kind, columns = plan.kind, _columns(plan.scored_on)
     summary = {
         "recipe": recipe,
         "overrides": overrides,
         f"{kind}s": [entry[kind] for entry in runs],
-        "scored_on": scored_on,
+        "scored_on": plan.scored_on,
         "runs": runs,
         "mean": {name: _mean([entry[name] for entry in runs]) for name in columns},
         "sd": {name: _sd([entry[name] for entry in runs]) for name in columns},
@@ -137,9 +211,9 @@ def run_repeats(
     if launched_rank() != 0:
         # Under torchrun every process trains each run; the launcher's rank 0 alone writes and says the summary.
         return summary
-    folder.mkdir(parents=True, exist_ok=True)
+    plan.folder.mkdir(parents=True, exist_ok=True)
+    summary_path, table_path = plan.folder / f"{kind}s.json", plan.folder / f"{kind}s.md"
     write_output_text(summary_path, json.dumps(summary, indent=2) + "\n")
-    table_path = folder / f"{kind}s.md"
     write_output_text(table_path, table + "\n")
     print(table)
     print(f"saved to {summary_path} and {table_path}", file=sys.stderr)
@@ -169,7 +243,6 @@ def finished_run_metrics(
     """
     from ..config.recipes import load_recipe, recipe_from_values, typed_values
     from ..training.runs import RUN_CONFIG, changed_data_files, data_fields_on_record
-    from .train import HOW_TO_RUN_FLAGS
 
     if not _holds_finished_report(output_dir):
         return None
