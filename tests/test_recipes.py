@@ -110,3 +110,22 @@ def test_missing_recipe():
 def test_unknown_flag_suggests():
     with pytest.raises(FinetuneError, match="unknown flag '--per_device_batch_size'; did you mean"):
         load_recipe(None, ["--per_device_batch_size", "8"])
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[path.name for path in RECIPES])
+def test_every_recipe_steps_with_fused_adamw(recipe, tmp_path, tiny_model_dir):
+    # Issue 47: one fused kernel per parameter group instead of a loop over tensors; transformers 5's default optim,
+    # which a recipe (or a later transformers default) could silently turn off.
+    import torch
+    from transformers import BertForSequenceClassification
+
+    from finetune import ReviewTrainer
+
+    flags = ["--output_dir", str(tmp_path), "--eval_strategy", "no", "--load_best_model_at_end", "false"]
+    flags += ["--class_weighting", "none"]  # weights are counted from a training set this test does not build
+    args = load_recipe(str(recipe), flags).training
+    assert args.optim == "adamw_torch_fused"
+    trainer = ReviewTrainer(model=BertForSequenceClassification.from_pretrained(tiny_model_dir), args=args)
+    optimizer = trainer.create_optimizer()
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.defaults["fused"] is True
