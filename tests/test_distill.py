@@ -107,9 +107,10 @@ def test_soft_labels_are_cached_and_reused(tmp_path, tiny_model_dir, teacher_run
     cache = tmp_path / "cache"
     monkeypatch.setenv("FINETUNE_CACHE", str(cache))  # cold: nothing another test computed
     recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "first", **QUICK)
-    assert main(["distill", str(teacher_run), str(recipe), "--max_steps", "1"]) == 0
+    quick = ["--max_steps", "1", "--distill_trade_reviews", "0"]  # the trade's test labels would be cached too
+    assert main(["distill", str(teacher_run), str(recipe), *quick]) == 0
     first = capsys.readouterr().err
-    again = ["distill", str(teacher_run), str(recipe), "--max_steps", "1", "--output_dir", str(tmp_path / "second")]
+    again = ["distill", str(teacher_run), str(recipe), *quick, "--output_dir", str(tmp_path / "second")]
     assert main(again) == 0
     second = capsys.readouterr().err
     (stored,) = (cache / "soft-labels").glob("*.npy")
@@ -204,7 +205,7 @@ def test_unlabeled_sentences_come_from_the_train_split_only(tmp_path, tiny_model
     monkeypatch.setattr(TeacherRun, "_compute", spy)
     monkeypatch.setenv("FINETUNE_CACHE", str(tmp_path / "cache"))  # computed here, not read from another test's
     recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "run", unlabeled_sentences="true", **QUICK)
-    assert main(["distill", str(teacher_run), str(recipe), "--max_steps", "1"]) == 0
+    assert main(["distill", str(teacher_run), str(recipe), "--max_steps", "1", "--distill_trade_reviews", "0"]) == 0
 
     count = json.loads((tmp_path / "run" / "finetune_run.json").read_text())["distillation"]["unlabeled_sentences"]
     train, held_out = _reads("train"), _reads("validation") + _reads("test")
@@ -289,6 +290,7 @@ def test_a_teacher_whose_model_does_not_work_is_refused(tmp_path, tiny_model_dir
 def test_seeds_train_one_student_each_and_reuse_finished_students(tmp_path, tiny_model_dir, teacher_run, capsys):
     recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "students", **QUICK)
     argv = ["distill", str(teacher_run), str(recipe), "--seeds", "2", "--max_steps", "1"]
+    argv += ["--distill_trade_reviews", "0"]
     assert main(argv) == 0
     summary = json.loads((tmp_path / "students" / "seeds.json").read_text())
     assert summary["seeds"] == [42, 43]
@@ -303,3 +305,162 @@ def test_seeds_train_one_student_each_and_reuse_finished_students(tmp_path, tiny
     (tmp_path / "students" / "seeds.json").unlink()
     err = _refused(["train", str(recipe), "--seeds", "2", "--max_steps", "1"], capsys)
     assert "already holds a run finished with other recipe values" in err
+
+
+# ------------------------------------------------ unlabeled_from: a source's reviews that no split holds
+
+NEW_REVIEWS = [
+    "Arrived a week late and the box was crushed, but the kettle inside works fine.",
+    "The strap snapped the second time I carried it. Cheap stitching.",
+    "Exactly as pictured; the blue is a little darker in person.",
+    "My cat ignores it, my dog loves it. Sturdy enough for both.",
+    "Returned it: the charger whined loudly all night.",
+]
+
+
+def _planted_source(folder: Path) -> Path:
+    """A source of the recipe's columns: five new reviews, with reviews of each of the recipe's splits among them."""
+    rows: list[dict[str, str]] = []
+    for split, count in (("test", 3), ("validation", 2), ("train", 2)):
+        with (PROJECT / "data" / "reviews" / f"{split}.csv").open(encoding="utf-8", newline="") as handle:
+            rows += list(csv.DictReader(handle))[:count]
+    rows[1:1] = [{"title": "", "review": review, "stars": "3"} for review in NEW_REVIEWS]
+    folder.mkdir()
+    with (folder / "train.csv").open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, ["title", "review", "stars"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return folder
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch):
+    from finetune.fetching.catalog import CATALOG, CatalogEntry
+
+    folder = _planted_source(tmp_path / "planted")
+    entry = CatalogEntry(name="planted", task="test", source="project", recipe="", card="", path=str(folder))
+    monkeypatch.setitem(CATALOG, "planted", entry)
+    return entry
+
+
+def _spy_on_the_teacher(monkeypatch) -> list[list[str]]:
+    """Every list of texts the teacher computes labels for, in order."""
+    from finetune.pipeline.teacher import TeacherRun
+
+    labelled: list[list[str]] = []
+    compute = TeacherRun._compute
+
+    def spy(self, texts, batch_size, encoding):
+        labelled.append(list(texts))
+        return compute(self, texts, batch_size, encoding)
+
+    monkeypatch.setattr(TeacherRun, "_compute", spy)
+    return labelled
+
+
+def test_unlabeled_from_labels_only_reviews_no_split_holds(
+    tmp_path, tiny_model_dir, teacher_run, planted, monkeypatch, capsys
+):
+    labelled = _spy_on_the_teacher(monkeypatch)
+    monkeypatch.setenv("FINETUNE_CACHE", str(tmp_path / "cache"))
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "run", unlabeled_from="planted", **QUICK)
+    assert main(["distill", str(teacher_run), str(recipe), "--max_steps", "1", "--distill_trade_reviews", "0"]) == 0
+    err = capsys.readouterr().err
+
+    (texts,) = labelled
+    train = _reads("train")
+    assert sorted(texts[: len(train)]) == sorted(train)
+    # The planted test, validation and train reviews are left out; the new ones are labelled, in source order.
+    assert texts[len(train) :] == NEW_REVIEWS
+    held_out = set(_reads("test") + _reads("validation"))
+    assert not held_out & set(texts)
+    assert "unlabeled_from planted: all 5 of its 5 reviews in none of the recipe's splits" in err
+    assert "(7 of its 12 reviews are in the splits and left out)" in err
+    distilled = json.loads((tmp_path / "run" / "finetune_run.json").read_text())["distillation"]
+    assert distilled["unlabeled_from"] == "planted" and distilled["unlabeled_from_reviews"] == 5
+    assert "The teacher also labelled 5 reviews of `planted`" in (tmp_path / "run" / "README.md").read_text()
+
+
+def test_max_unlabeled_draws_the_same_reviews_for_every_seed(tmp_path, tiny_model_dir, planted):
+    from finetune.config.recipes import load_recipe
+    from finetune.data.splits import load_review_data
+    from finetune.data.unlabeled import unused_reviews
+
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "run", unlabeled_from="planted", max_unlabeled=3)
+    draws = []
+    for seed in (42, 43):
+        run = load_recipe(str(recipe), ["--seed", str(seed)])
+        draws.append(unused_reviews(run.data, load_review_data(run.data, seed=seed)))
+    assert draws[0].texts == draws[1].texts
+    assert len(draws[0].texts) == 3 and set(draws[0].texts) < set(NEW_REVIEWS)
+    assert "3 (a seeded draw) of its 5 reviews" in draws[0].note()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--unlabeled_from", "imbd"], "did you mean 'imdb'"),
+        # Every review of the project's set is in the recipe's splits: nothing is left to label.
+        (["--unlabeled_from", "reviews"], "all 680 of its reviews are in the recipe's splits"),
+        (["--max_unlabeled", "10"], "max_unlabeled caps unlabeled_from's reviews, and no unlabeled_from is set"),
+        (["--unlabeled_from", "reviews", "--max_unlabeled", "0"], "max_unlabeled must be >= 1"),
+        (["--distill_trade_reviews", "-1"], "distill_trade_reviews must be >= 0"),
+    ],
+)
+def test_bad_unlabeled_from_settings_are_refused(tmp_path, tiny_model_dir, teacher_run, capsys, flags, expected):
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "out", **QUICK)
+    err = _refused(["distill", str(teacher_run), str(recipe), *flags], capsys)
+    assert expected in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_refuses_unlabeled_from(tmp_path, tiny_model_dir, capsys):
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "out", **QUICK)
+    err = _refused(["train", str(recipe), "--unlabeled_from", "imdb"], capsys)
+    assert "unlabeled_from is for 'finetune distill TEACHER_RUN RECIPE'" in err
+
+
+def test_a_student_whose_test_reviews_trained_the_teacher_is_refused(tmp_path, tiny_model_dir, capsys):
+    # One source, its test split drawn by the seed: seed 43's test reviews are partly seed 42's training reviews.
+    held_out = {**QUICK, "dataset_dir": None, "train_file": PROJECT / "data" / "reviews" / "train.csv"}
+    held_out["test_split_percentage"] = 30
+    teacher = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "teacher", **held_out)
+    assert main(["train", str(teacher), "--max_steps", "1"]) == 0
+    capsys.readouterr()
+    err = _refused(["distill", str(tmp_path / "teacher"), str(teacher), "--seed", "43"], capsys)
+    assert "of the recipe's 137 test reviews trained the teacher" in err
+    assert "set split_seed: 42 (the seed that drew the teacher's splits)" in err
+    assert not (tmp_path / "student").exists()
+    # The fix the message names: the student's splits are the teacher's, whatever its own seed.
+    flags = ["--seed", "43", "--split_seed", "42", "--max_steps", "1", "--distill_trade_reviews", "0"]
+    assert main(["distill", str(tmp_path / "teacher"), str(teacher), *flags, "--output_dir", str(tmp_path / "s")]) == 0
+    student = json.loads((tmp_path / "s" / "test_report.json").read_text())
+    assert student["num_samples"] == 137
+
+
+def test_the_trade_scores_both_models_on_the_same_test_reviews(student_run, teacher_run):
+    """Scores and agreement against references: each run's own test report, and transformers alone."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    trade = json.loads((student_run / "report" / "metrics.json").read_text())["distillation_trade"]
+    for run, name in ((teacher_run, "teacher"), (student_run, "student")):
+        report = json.loads((run / "test_report.json").read_text())
+        assert trade[name]["accuracy"] == pytest.approx(report["accuracy"], abs=1e-9)
+        assert trade[name]["macro_f1"] == pytest.approx(report["macro_f1"], abs=1e-9)
+    texts = _reads("test")
+    labels = []
+    for run in (teacher_run, student_run):
+        tokenizer = AutoTokenizer.from_pretrained(run)
+        model = AutoModelForSequenceClassification.from_pretrained(run).eval()
+        with torch.no_grad():
+            inputs = tokenizer(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
+            labels.append(model(**inputs).logits.argmax(-1))
+    assert trade["test_reviews"] == len(texts)
+    assert trade["agreement"] == pytest.approx((labels[0] == labels[1]).sum().item() / len(texts), abs=1e-12)
+    speeds = trade["reviews_per_second"]
+    assert trade["timed_reviews"] == 111 and set(speeds) == {"teacher_fp32", "student_fp32", "student_int8"}
+    assert all(value > 0 for value in speeds.values())
+    card = (student_run / "README.md").read_text()
+    assert f"they give the same label to {trade['agreement'] * 100:.1f}% of them" in card
+    assert "| student, int8 (openvino) |" in card

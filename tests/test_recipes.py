@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,9 @@ def write(tmp_path, text: str) -> str:
 def test_every_recipe_parses_and_says_how_to_run_it(recipe):
     lines = recipe.read_text(encoding="utf-8").splitlines()
     assert lines[0].startswith("# ")
-    assert any(f"finetune train recipes/{recipe.name}" in line for line in lines if line.startswith("#"))
+    # A student's recipe runs under its teacher: finetune distill TEACHER_RUN recipes/NAME.
+    command = re.compile(rf"finetune (train|distill \S+) recipes/{re.escape(recipe.name)}")
+    assert any(command.search(line) for line in lines if line.startswith("#"))
     run = load_recipe(str(recipe))
     assert run.training.gradient_accumulation_steps >= 1
     assert run.data.class_names

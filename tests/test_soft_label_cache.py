@@ -80,3 +80,27 @@ def test_other_settings_are_another_entry(tiny_model_dir, tmp_path, cached):
     _, note = fresh_teacher(tiny_model_dir, max_length=16).soft_labels(TEXTS, 4, tmp_path)
     assert "computed in" in note and "again" not in note, note
     assert len(list(tmp_path.glob("*.npy"))) == 2
+
+
+def test_a_teacher_trained_further_is_another_entry(tiny_model_dir, tmp_path, cached):
+    # Same texts, same settings, other weights: its own labels, never the first teacher's from the cache.
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    changed = tmp_path / "changed-teacher"
+    shutil.copytree(tiny_model_dir, changed)
+    model = AutoModelForSequenceClassification.from_pretrained(changed)
+    with torch.no_grad():
+        model.classifier.bias.add_(torch.tensor([2.0, 0.0, -2.0]))
+    model.save_pretrained(changed)
+    values, _ = cached
+    again, note = fresh_teacher(changed).soft_labels(TEXTS, 4, tmp_path)
+    assert "computed in" in note and "again" not in note, note
+    assert not np.allclose(again, values, atol=1e-3)
+    assert len(list(tmp_path.glob("*.npy"))) == 2
+    # The first teacher still reads its own labels back.
+    first, note = fresh_teacher(tiny_model_dir).soft_labels(TEXTS, 4, tmp_path)
+    assert "read from the cache" in note
+    np.testing.assert_allclose(first, values, atol=1e-6)

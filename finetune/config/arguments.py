@@ -198,6 +198,16 @@ class DataArguments:
     max_test_samples: int | None = field(
         default=None, metadata={"help": "Test on a seeded random subset of this many reviews."}
     )
+    split_seed: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "The seed that draws the max_*_samples subsets, the held-out splits and the folds; default: the "
+                "run's seed. Fixed, every seed of --seeds trains on the same splits (a distilled student's "
+                "splits must be its teacher's: set it to the teacher's seed)."
+            )
+        },
+    )
     title_as_review: bool = field(
         default=False,
         metadata={
@@ -214,6 +224,21 @@ class DataArguments:
                 "finetune distill only: a CSV, TSV or JSONL of reviews without labels (text_column, and "
                 "title_column if it has one), labelled by the teacher and added to the training reviews."
             )
+        },
+    )
+    unlabeled_from: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "finetune distill only: a catalog dataset (e.g. imdb) whose reviews in none of the recipe's "
+                "splits are labelled by the teacher and added to the training reviews (see max_unlabeled)."
+            )
+        },
+    )
+    max_unlabeled: int | None = field(
+        default=None,
+        metadata={
+            "help": "finetune distill only: with unlabeled_from, at most this many of its reviews (a seeded draw)."
         },
     )
     unlabeled_sentences: bool = field(
@@ -274,6 +299,13 @@ class DataArguments:
                 raise FinetuneError(
                     f"cross_validation_fold must be between 0 and {folds - 1} (got {fold}) for {folds} folds"
                 )
+        validate_seed("split_seed", self.split_seed)
+        if self.max_unlabeled is not None and self.max_unlabeled < 1:
+            raise FinetuneError(
+                f"max_unlabeled must be >= 1 (got {self.max_unlabeled}); e.g. --max_unlabeled 5000, or drop it for all"
+            )
+        if self.max_unlabeled is not None and not self.unlabeled_from:
+            raise FinetuneError("max_unlabeled caps unlabeled_from's reviews, and no unlabeled_from is set; set both")
         if self.title_as_review and not self.title_column:
             raise FinetuneError(
                 "title_as_review trains on each review's title, and no title_column is set; set title_column, "
@@ -412,6 +444,16 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         },
     )
+    distill_trade_reviews: int = field(
+        default=128,
+        metadata={
+            "help": (
+                "finetune distill only: after training, teacher and student score the test split (accuracy, "
+                "macro-F1, how often they agree) and this many of its reviews time them (reviews/s in fp32, and "
+                "int8 where OpenVINO or ONNX Runtime is installed); 0 skips this trade."
+            )
+        },
+    )
     micro_batch_tokens: int | None = field(
         default=None,
         metadata={
@@ -487,6 +529,10 @@ class FinetuneTrainingArguments(TrainingArguments):
         if not (math.isfinite(self.distill_alpha) and 0.0 <= self.distill_alpha <= 1.0):
             raise FinetuneError(f"distill_alpha must be in [0, 1] (got {self.distill_alpha}); try 0.5")
         _check_positive("distill_temperature", self.distill_temperature, "2.0")
+        if self.distill_trade_reviews < 0:
+            raise FinetuneError(
+                f"distill_trade_reviews must be >= 0 (got {self.distill_trade_reviews}); try 128, or 0 to skip"
+            )
         if not 0.0 < self.layerwise_lr_decay <= 1.0:
             raise FinetuneError(
                 f"layerwise_lr_decay must be in (0, 1] (got {self.layerwise_lr_decay}); try 0.9, or 1.0 to turn it off"

@@ -59,7 +59,7 @@ def write_model_card(output_dir: str | Path) -> Path:
         *_reproduce(run),
         *_training(run, metrics),
         *_results(test, metrics.get("baseline")),
-        *_distillation(run, test),
+        *_distillation(run, test, metrics.get("distillation_trade")),
         *_pictures(folder),
         *_limits(run, test, entry),
     ]
@@ -265,7 +265,7 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
     return lines
 
 
-def _distillation(run: dict[str, Any], test: dict[str, Any] | None) -> list[str]:
+def _distillation(run: dict[str, Any], test: dict[str, Any] | None, trade: dict[str, Any] | None) -> list[str]:
     """Teacher and student, side by side, for a run made by ``finetune distill``."""
     distilled = run.get("distillation")
     if not distilled:
@@ -278,9 +278,16 @@ def _distillation(run: dict[str, Any], test: dict[str, Any] | None) -> list[str]
         f"probabilities softened at temperature {distilled['temperature']:g} (weight {distilled['alpha']:g}) "
         f"with its true label (weight {1 - distilled['alpha']:g}).",
     ]
-    if distilled.get("unlabeled_reviews"):
+    if distilled.get("unlabeled_from_reviews"):
         lines.append(
-            f"The teacher also labelled {distilled['unlabeled_reviews']} unlabelled reviews from "
+            f"The teacher also labelled {distilled['unlabeled_from_reviews']} reviews of "
+            f"`{distilled['unlabeled_from']}` that are in none of this run's splits, which trained the student "
+            "on its labels alone."
+        )
+    from_file = distilled.get("unlabeled_reviews", 0) - distilled.get("unlabeled_from_reviews", 0)
+    if from_file > 0:
+        lines.append(
+            f"The teacher also labelled {from_file} unlabelled reviews from "
             f"`{distilled['unlabeled_file']}`, which trained the student on its labels alone."
         )
     if distilled.get("unlabeled_sentences"):
@@ -288,6 +295,8 @@ def _distillation(run: dict[str, Any], test: dict[str, Any] | None) -> list[str]
             f"It also labelled {distilled['unlabeled_sentences']} sentences of the training reviews "
             "(`unlabeled_sentences`), each on its own, which trained the student on its labels alone."
         )
+    if trade:
+        return [*lines, *_trade_table(trade, distilled["teacher_base_model"], _base_model(run))]
     lines += ["", "| model | test accuracy | test macro-F1 |", "| --- | --- | --- |"]
     teacher_test = distilled.get("teacher_test")
     if teacher_test:
@@ -299,6 +308,35 @@ def _distillation(run: dict[str, Any], test: dict[str, Any] | None) -> list[str]
         lines.append(f"| student `{_base_model(run)}` | {test['accuracy']:.4f} | {test['macro_f1']:.4f} |")
     lines.append("")
     return lines
+
+
+def _trade_table(trade: dict[str, Any], teacher: str, student: str) -> list[str]:
+    """Teacher and student on the same test reviews: scores, agreement with the teacher, reviews/s."""
+    speeds = trade.get("reviews_per_second") or {}
+    base = speeds.get("teacher_fp32")
+
+    def speed(key: str) -> str:
+        if key not in speeds:
+            return "-"
+        return f"{speeds[key]:.1f}" + (f" ({speeds[key] / base:.1f}x)" if key != "teacher_fp32" else "")
+
+    rows = [
+        (f"teacher `{teacher}`, fp32", trade["teacher"], speed("teacher_fp32")),
+        (f"student `{student}`, fp32", trade["student"], speed("student_fp32")),
+    ]
+    if "student_int8" in trade:
+        rows.append((f"student, int8 ({trade.get('int8_backend')})", trade["student_int8"], speed("student_int8")))
+    timed = f", timed on {trade['timed_reviews']} of them, batch {trade['batch_size']}" if speeds else ""
+    return [
+        "",
+        f"Both models on the same {trade['test_reviews']} test reviews{timed}, on the machine that trained the "
+        f"student; they give the same label to {trade['agreement'] * 100:.1f}% of them.",
+        "",
+        "| model | test accuracy | test macro-F1 | reviews/s |",
+        "| --- | --- | --- | --- |",
+        *(f"| {name} | {scores['accuracy']:.4f} | {scores['macro_f1']:.4f} | {rate} |" for name, scores, rate in rows),
+        "",
+    ]
 
 
 def _interval(test: dict[str, Any], metric: str) -> str:

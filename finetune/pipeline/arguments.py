@@ -97,7 +97,15 @@ def check_not_distilling(run: Recipe, overrides: list[str] | None) -> None:
     from ..config.recipes import flag_names
 
     given = set(run.values) | flag_names(overrides or [])
-    options = ("unlabeled_file", "unlabeled_sentences", "distill_alpha", "distill_temperature")
+    options = (
+        "unlabeled_file",
+        "unlabeled_from",
+        "max_unlabeled",
+        "unlabeled_sentences",
+        "distill_alpha",
+        "distill_temperature",
+        "distill_trade_reviews",
+    )
     named = [name for name in options if name in given]
     if named:
         raise FinetuneError(

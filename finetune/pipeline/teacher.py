@@ -69,18 +69,71 @@ class TeacherRun:
     def train_student(self, recipe: str | None, overrides: list[str] | None) -> dict[str, Any]:
         """Train the recipe's model as this teacher's student; returns its metrics, as ``train`` does."""
         from ..config.recipes import load_recipe
+        from ..data.splits import load_review_data
+        from ..data.unlabeled import unused_reviews
         from .run import train
 
         run = load_recipe(recipe, overrides)
         if run.data.class_names:
             self.check_classes(run.data.class_names, "the recipe")
         texts = read_unlabeled_reviews(run.data) if run.data.unlabeled_file else []
+        # The splits as the run will draw them, read here so that what is wrong with them (a test review the
+        # teacher trained on, a source with nothing left to label) is said before anything is written.
+        data = load_review_data(run.data, seed=run.training.seed)
+        self.check_unseen(data)
+        unused = None
+        if run.data.unlabeled_from:
+            unused = unused_reviews(run.data, data)
+            texts += unused.texts
+        cache = _soft_label_cache()
         distillation = Distillation(
-            self, run.data.unlabeled_file, texts, _soft_label_cache(), sentences=run.data.unlabeled_sentences
+            self, run.data.unlabeled_file, texts, cache, sentences=run.data.unlabeled_sentences, unused=unused
         )
         metrics = train(recipe, overrides, distillation=distillation)
-        _print_comparison(self, metrics)
+        trade = None
+        if run.training.distill_trade_reviews and "test" in data.splits and _main_process():
+            from .trade import measure_trade
+
+            trade = measure_trade(
+                self,
+                Path(run.training.output_dir),
+                data,
+                run.training.per_device_eval_batch_size,
+                run.training.distill_trade_reviews,
+                cache,
+            )
+        if trade is None:
+            _print_comparison(self, metrics)
         return metrics
+
+    def check_unseen(self, data: Any) -> None:
+        """Refuse a student whose test reviews trained the teacher: its scores would not be a test of either.
+
+        The teacher's splits are read back as its run drew them; where its data cannot be read any more
+        (a file moved), a warning says the check was not made.
+        """
+        from ..training.runs import find_run_config, load_run_data
+
+        if "test" not in data.splits:
+            return
+        config = find_run_config(self.folder) or {}
+        try:
+            teacher_train = set(load_run_data(config).splits["train"]["text"]) if config.get("data") else set()
+        except (FinetuneError, OSError, KeyError, TypeError) as error:
+            print(
+                f"warning: the teacher's training reviews could not be read back ({error}), so whether the "
+                "recipe's test reviews are among them was not checked",
+                file=sys.stderr,
+            )
+            return
+        seen = sum(text in teacher_train for text in data.splits["test"]["text"])
+        if seen:
+            drawn_with = (config.get("data") or {}).get("split_seed") or config.get("seed", 42)
+            raise FinetuneError(
+                f"{seen} of the recipe's {len(data.splits['test'])} test reviews trained the teacher {self.folder}, "
+                f"so neither model's test score would be a test; set split_seed: {drawn_with} (the seed that drew "
+                "the teacher's splits) so the student's splits are the teacher's"
+            )
 
     def check_classes(self, class_names: list[str], where: str) -> None:
         """Refuse a student whose classes (or their order) differ from the teacher's."""
@@ -178,6 +231,7 @@ class Distillation:
     unlabeled_texts: list[str] = field(default_factory=list)
     cache_dir: Path | None = None
     sentences: bool = False  # also the training reviews' sentences (unlabeled_sentences)
+    unused: Any = None  # a :class:`finetune.data.unlabeled.UnusedReviews`: unlabeled_from's reviews, at the end
     notes: list[str] = field(default_factory=list)
     sentence_count: int = 0  # how many sentences the last attach added
 
@@ -191,6 +245,8 @@ class Distillation:
         self.teacher.check_classes(data.label_names, "the recipe's data")
         train_texts = list(data.splits["train"]["text"])
         unlabeled_texts = list(self.unlabeled_texts)
+        if self.unused is not None:
+            self.notes.append(self.unused.note())
         if self.sentences:
             from ..data.sentences import MIN_SENTENCE_WORDS, review_sentences
 
@@ -225,6 +281,8 @@ class Distillation:
                 "temperature": temperature,
                 "unlabeled_file": str(Path(self.unlabeled_file).resolve()) if self.unlabeled_file else None,
                 "unlabeled_reviews": len(self.unlabeled_texts),
+                "unlabeled_from": self.unused.source if self.unused else None,
+                "unlabeled_from_reviews": len(self.unused.texts) if self.unused else 0,
                 "unlabeled_sentences": self.sentence_count,
             }
         }
@@ -255,6 +313,13 @@ def read_unlabeled_reviews(data_args: Any) -> list[str]:
     if not kept:
         raise FinetuneError(f"unlabeled_file {path} has no non-empty review in '{data_args.text_column}'")
     return kept
+
+
+def _main_process() -> bool:
+    # Under torchrun every process trains the student; one measures the trade.
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _soft_label_cache() -> Path | None:
