@@ -128,3 +128,25 @@ def tiny_recipe(folder: Path, model_dir: Path, output_dir: Path, **fields) -> Pa
     lines = ["# test recipe: finetune train recipe.yaml", *(f"{key}: {value}" for key, value in kept.items())]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def checkpointing_recipe(folder: Path, model_dir: Path, epochs: int, save_steps: int) -> Path:
+    """458 reviews in micro-batches of 8, 3 to a window (20 updates an epoch, the last window partial), every
+    update logged, a checkpoint every ``save_steps`` updates, all kept; no validation, no baseline: the kill and
+    resume tests compare such runs bitwise."""
+    return tiny_recipe(
+        folder,
+        model_dir,
+        folder / "run",
+        max_length=32,
+        per_device_train_batch_size=8,
+        n_accumulate=3,
+        num_train_epochs=epochs,
+        eval_strategy="no",
+        save_strategy="steps",
+        save_steps=save_steps,
+        save_total_limit="null",
+        load_best_model_at_end="false",
+        logging_steps=1,
+        baseline="false",
+    )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import flat_parameters, quiet_args, review_dataset, tiny_recipe
+from helpers import checkpointing_recipe, flat_parameters, quiet_args, review_dataset, tiny_recipe
 from safetensors.torch import load_file
 from test_resume import WORKER, finetune_cli, logged_updates
 from transformers import BertForSequenceClassification, DataCollatorWithPadding, TrainerCallback
@@ -47,23 +47,8 @@ def writes_wait_for_training(monkeypatch) -> list[int]:
 
 
 def recipe_for(folder: Path, model_dir: Path) -> Path:
-    # 458 reviews in micro-batches of 8, 3 to a window: 20 updates; a checkpoint every 3 (and at 20), all kept.
-    return tiny_recipe(
-        folder,
-        model_dir,
-        folder / "run",
-        max_length=32,
-        per_device_train_batch_size=8,
-        n_accumulate=3,
-        num_train_epochs=1,
-        eval_strategy="no",
-        save_strategy="steps",
-        save_steps=3,
-        save_total_limit="null",
-        load_best_model_at_end="false",
-        logging_steps=1,
-        baseline="false",
-    )
+    # 20 updates in one epoch; a checkpoint every 3 (and at 20).
+    return checkpointing_recipe(folder, model_dir, epochs=1, save_steps=3)
 
 
 @pytest.fixture(scope="module")

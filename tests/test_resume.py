@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import tiny_recipe
+from helpers import checkpointing_recipe
 from safetensors.torch import load_file
 
 from finetune.training.checkpointing import COMPLETE_MARKER
@@ -19,23 +19,8 @@ WORKER = Path(__file__).parent / "resume_worker.py"
 
 
 def recipe_for(folder: Path, model_dir: Path) -> Path:
-    # 458 reviews in micro-batches of 8, 3 to a window: 20 updates an epoch (the last window is
-    # partial), 40 in all; a checkpoint every 4 updates; every update logged.
-    return tiny_recipe(
-        folder,
-        model_dir,
-        folder / "run",
-        max_length=32,
-        per_device_train_batch_size=8,
-        n_accumulate=3,
-        num_train_epochs=2,
-        eval_strategy="no",
-        save_strategy="steps",
-        save_steps=4,
-        save_total_limit="null",
-        load_best_model_at_end="false",
-        logging_steps=1,
-    )
+    # 40 updates in 2 epochs; a checkpoint every 4 updates.
+    return checkpointing_recipe(folder, model_dir, epochs=2, save_steps=4)
 
 
 def finetune_cli(*args: str) -> subprocess.CompletedProcess:
