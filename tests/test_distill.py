@@ -192,7 +192,8 @@ def _reads(split: str) -> list[str]:
     return [f"{title}. {review}" if title else review for title, review in rows]
 
 
-def test_unlabeled_sentences_come_from_the_train_split_only(tmp_path, tiny_model_dir, teacher_run, monkeypatch):
+def _spy_on_the_teacher(monkeypatch) -> list[list[str]]:
+    """Every list of texts the teacher computes labels for, in order."""
     from finetune.pipeline.teacher import TeacherRun
 
     labelled: list[list[str]] = []
@@ -203,6 +204,11 @@ def test_unlabeled_sentences_come_from_the_train_split_only(tmp_path, tiny_model
         return compute(self, texts, batch_size, encoding)
 
     monkeypatch.setattr(TeacherRun, "_compute", spy)
+    return labelled
+
+
+def test_unlabeled_sentences_come_from_the_train_split_only(tmp_path, tiny_model_dir, teacher_run, monkeypatch):
+    labelled = _spy_on_the_teacher(monkeypatch)
     monkeypatch.setenv("FINETUNE_CACHE", str(tmp_path / "cache"))  # computed here, not read from another test's
     recipe = tiny_recipe(tmp_path, tiny_model_dir, tmp_path / "run", unlabeled_sentences="true", **QUICK)
     assert main(["distill", str(teacher_run), str(recipe), "--max_steps", "1", "--distill_trade_reviews", "0"]) == 0
@@ -341,21 +347,6 @@ def planted(tmp_path, monkeypatch):
     entry = CatalogEntry(name="planted", task="test", source="project", recipe="", card="", path=str(folder))
     monkeypatch.setitem(CATALOG, "planted", entry)
     return entry
-
-
-def _spy_on_the_teacher(monkeypatch) -> list[list[str]]:
-    """Every list of texts the teacher computes labels for, in order."""
-    from finetune.pipeline.teacher import TeacherRun
-
-    labelled: list[list[str]] = []
-    compute = TeacherRun._compute
-
-    def spy(self, texts, batch_size, encoding):
-        labelled.append(list(texts))
-        return compute(self, texts, batch_size, encoding)
-
-    monkeypatch.setattr(TeacherRun, "_compute", spy)
-    return labelled
 
 
 def test_unlabeled_from_labels_only_reviews_no_split_holds(
