@@ -11,7 +11,7 @@ in its ``COMMANDS``; the parser and ``--help`` are generated from them
 | ``train RECIPE --seeds N [--field value ...]`` | :func:`finetune.commands.seeds.train_seeds` |
 | ``train RECIPE --folds K [--field value ...]`` | :func:`finetune.commands.folds.train_folds` |
 | ``distill TEACHER_RUN RECIPE [--field value ...]`` | :func:`finetune.commands.distill.distill` |
-| ``check RECIPE DATASET [--seeds N] [--field value ...]`` | :func:`finetune.commands.check.check` |
+| ``check RECIPE DATASET [--seeds N] [--teacher RUN] [--field value ...]`` | :func:`finetune.commands.check.check` |
 | ``evaluate PATH [PATH ...] [--data FILE] [--calibrate]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |

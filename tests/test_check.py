@@ -180,3 +180,71 @@ def test_an_earlier_check_with_other_settings_is_kept(tmp_path, tiny_model_dir, 
         "--overwrite_output_dir to check again, or choose another --output_dir"
     )
     assert (folder / CHECK_RECIPE).read_text() == "# another check\n"
+
+
+# ------------------------------------------------ a distillation recipe: checked as a student of a checked teacher
+
+QUICK = ["--save_strategy", "no", "--load_best_model_at_end", "false", "--eval_strategy", "no"]
+
+
+def test_a_distillation_recipe_is_checked_as_students_of_a_teacher_trained_on_the_check_data(
+    tmp_path, tiny_model_dir, own_data, fake_check, capsys
+):
+    from finetune.training.runs import load_run_data
+
+    # The teacher: the teacher recipe's own check, seed 7, on the check data's draw.
+    teacher_recipe = recipe_for(tmp_path, tiny_model_dir, own_data)
+    assert main(["check", str(teacher_recipe), "fakecheck", "--output_dir", str(tmp_path / "teacher"), *QUICK]) == 0
+    teacher = tmp_path / "teacher" / "seed-7"
+
+    # The student recipe takes its unlabelled reviews from a file of its own domain; the check takes them from
+    # the check data's reviews outside the draw (458 - 80 = 378 of them, 30 drawn) instead.
+    unlabeled = tmp_path / "own-unlabeled.csv"
+    unlabeled.write_text("review\nA kettle that whistles too early.\n", encoding="utf-8")
+    (tmp_path / "student").mkdir()
+    student_recipe = recipe_for(
+        tmp_path / "student", tiny_model_dir, own_data, unlabeled_file=unlabeled, distill_trade_reviews=0
+    )
+    argv = ["check", str(student_recipe), "fakecheck", "--teacher", str(teacher), "--seeds", "2"]
+    assert main([*argv, "--max_unlabeled", "30", "--output_dir", str(tmp_path / "students"), *QUICK]) == 0
+
+    values = yaml.safe_load((tmp_path / "students" / CHECK_RECIPE).read_text())
+    assert values["unlabeled_from"] == "fakecheck" and "unlabeled_file" not in values
+    assert values["split_seed"] == 7  # the teacher's draw for every seed
+    teacher_config = json.loads((teacher / "finetune_run.json").read_text())
+    teacher_test = load_run_data(teacher_config).splits["test"]["text"]
+    for seed in (7, 8):
+        run = json.loads((tmp_path / "students" / f"seed-{seed}" / "finetune_run.json").read_text())
+        assert run["seed"] == seed and run["distillation"]["teacher"] == str(teacher.resolve())
+        assert run["distillation"]["unlabeled_from"] == "fakecheck"
+        assert run["distillation"]["unlabeled_from_reviews"] == 30 and run["distillation"]["unlabeled_file"] is None
+        # Scored on the teacher's own test reviews, none of which it trained on.
+        assert load_run_data(run).splits["test"]["text"] == teacher_test
+    summary = json.loads((tmp_path / "students" / "seeds.json").read_text())
+    assert [entry["seed"] for entry in summary["runs"]] == [7, 8]
+    assert all(entry["accuracy vs baseline"] is not None for entry in summary["runs"])
+
+
+def test_a_distillation_check_without_a_teacher_of_the_check_data_is_refused(
+    tmp_path, tiny_model_dir, own_data, fake_check, capsys
+):
+    recipe = recipe_for(tmp_path, tiny_model_dir, own_data, distill_alpha=0.5)
+    how = (
+        "check the teacher's recipe first ('finetune check TEACHER_RECIPE fakecheck --output_dir TEACHER_CHECK'), "
+        f"then 'finetune check {recipe} fakecheck --teacher TEACHER_CHECK/seed-SEED'"
+    )
+    assert one_line_error(["check", str(recipe), "fakecheck"], capsys) == (
+        f"{recipe} distills a teacher (distill_alpha), so its check needs a teacher trained on fakecheck: {how}"
+    )
+    plain = recipe_for(tmp_path, tiny_model_dir, own_data)
+    assert one_line_error(["check", str(plain), "fakecheck", "--unlabeled_from", "fakecheck"], capsys).startswith(
+        "finetune check reads the reviews, columns and classes from fakecheck, so --unlabeled_from cannot be given"
+    )
+    # A teacher trained on the recipe's own data is not a teacher of the check data.
+    teacher = tmp_path / "teacher"
+    assert main(["train", str(plain), "--output_dir", str(teacher), "--max_steps", "1", *QUICK]) == 0
+    capsys.readouterr()
+    assert one_line_error(["check", str(recipe), "fakecheck", "--teacher", str(teacher)], capsys) == (
+        f"the teacher {teacher} trained on files of its own, not on the check data fakecheck: {how}"
+    )
+    assert not (tmp_path / "runs-check-fakecheck").exists()

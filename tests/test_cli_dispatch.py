@@ -55,12 +55,23 @@ CASES = [
     (
         "check r.yaml clothing_reviews --output_dir o",
         "check:check",
-        {"recipe": "r.yaml", "dataset": "clothing_reviews", "overrides": ["--output_dir", "o"], "seeds": 1},
+        {
+            "recipe": "r.yaml",
+            "dataset": "clothing_reviews",
+            "overrides": ["--output_dir", "o"],
+            "seeds": 1,
+            "teacher": None,
+        },
     ),
     (
         "check r.yaml clothing_reviews --seeds 3",
         "check:check",
-        {"recipe": "r.yaml", "dataset": "clothing_reviews", "overrides": [], "seeds": 3},
+        {"recipe": "r.yaml", "dataset": "clothing_reviews", "overrides": [], "seeds": 3, "teacher": None},
+    ),
+    (
+        "check r.yaml clothing_reviews --teacher runs/t/seed-42 --seeds 3",
+        "check:check",
+        {"recipe": "r.yaml", "dataset": "clothing_reviews", "overrides": [], "seeds": 3, "teacher": "runs/t/seed-42"},
     ),
     (
         "evaluate run",

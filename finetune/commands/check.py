@@ -16,6 +16,13 @@ fits the baseline, on its own draw; the summary is the usual ``seeds.json``
 The settings it trains with are written out as ``OUTPUT_DIR/check-recipe.yaml``,
 a plain recipe: ``finetune train OUTPUT_DIR/check-recipe.yaml`` trains the
 same run again, and a stopped check goes on from where it stopped.
+
+A distillation recipe (``unlabeled_from``, ``distill_alpha``, ...) is checked
+as a student: ``--teacher RUN`` names a teacher trained on the check data (a
+check of the teacher's recipe, ``finetune check TEACHER_RECIPE DATASET``), every
+seed is its student on the teacher's draw (``split_seed``), and the reviews
+the recipe took from its own source to be labelled come from the check
+dataset's reviews outside the draw instead (``unlabeled_from``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ if TYPE_CHECKING:
     from ..config.arguments import DataArguments
     from ..data.splits import ReviewData
     from ..fetching.catalog import CatalogEntry
+    from ..pipeline.teacher import TeacherRun
 
 CHECK_RECIPE = "check-recipe.yaml"
 # The fields that say where a recipe's reviews are and how their columns become classes: the check replaces them.
@@ -45,6 +53,8 @@ SOURCE_FIELDS = (
     "extra_train_file",
 )
 COLUMN_FIELDS = ("text_column", "title_column", "label_column", "class_names", "label_bins")
+# Where a student's unlabelled reviews come from: the check dataset's reviews outside the draw replace them.
+UNLABELED_FIELDS = ("unlabeled_file", "unlabeled_from")
 FOLD_FIELDS = ("cross_validation_folds", "cross_validation_fold")
 # The size of the draw and its held-out shares: the check sets them from the recipe's own data; flags may override.
 SAMPLE_FIELDS = (
@@ -56,12 +66,15 @@ SAMPLE_FIELDS = (
 )
 
 
-def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: int = 1) -> dict[str, Any]:
+def check(
+    recipe: str, dataset: str, overrides: list[str] | None = None, seeds: int = 1, teacher: str | None = None
+) -> dict[str, Any]:
     """Train ``recipe``'s settings on the check dataset ``dataset`` with ``seeds`` seeds; returns the seeds summary.
 
     ``overrides`` are recipe flags, as for ``finetune train`` (``--output_dir``,
     ``--max_train_samples`` for another draw size); the data source, columns
-    and classes come from the check dataset and cannot be overridden.
+    and classes come from the check dataset and cannot be overridden. With
+    ``teacher`` (a run trained on ``dataset``), every seed is its student.
     """
     from ..config.recipes import flag_names, load_recipe, read_recipe_file
     from ..data.splits import load_review_data
@@ -77,7 +90,7 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
             f"was tuned on: {checks} (see 'finetune data list')"
         )
     overrides = list(overrides or [])
-    refused = sorted(flag_names(overrides) & {*SOURCE_FIELDS, *COLUMN_FIELDS, *FOLD_FIELDS})
+    refused = sorted(flag_names(overrides) & {*SOURCE_FIELDS, *COLUMN_FIELDS, *FOLD_FIELDS, *UNLABELED_FIELDS})
     if refused:
         raise FinetuneError(
             f"finetune check reads the reviews, columns and classes from {dataset}, so --{refused[0]} cannot be "
@@ -85,10 +98,12 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
         )
     if seeds < 1:
         raise FinetuneError(f"--seeds must be >= 1 (got {seeds}); e.g. --seeds 3")
+    teacher_run = open_check_teacher(teacher, recipe, entry.name, read_recipe_file(recipe), overrides)
     from ..pipeline.flags import without_flags
 
     # The recipe's own data, as it trains on it: its classes, and its split sizes, which the draw copies.
-    own_flags = without_flags(overrides, {f"--{name}": True for name in SAMPLE_FIELDS})
+    # (max_unlabeled may size the check's unlabelled draw where the recipe's own reviews come from a file.)
+    own_flags = without_flags(overrides, {f"--{name}": True for name in (*SAMPLE_FIELDS, "max_unlabeled")})
     own = load_recipe(recipe, own_flags)
     columns = check_columns(entry, own.data)
     if own.data.class_names:  # named by the recipe: checked before its data is read (or downloaded)
@@ -98,12 +113,17 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
     own_rows = own_split_sizes(own_data)
 
     # The check recipe: the recipe's values with the check data's fields, written beside the runs.
-    run = load_recipe(recipe, overrides)
+    run = load_recipe(recipe, without_flags(overrides, {"--max_unlabeled": True}))
     given_output = "output_dir" in flag_names(overrides)
     output_dir = Path(run.training.output_dir if given_output else f"{run.training.output_dir}-check-{entry.name}")
     values = check_recipe_values(read_recipe_file(recipe), entry.name, columns, label_bins, own_rows)
+    if teacher_run is not None:
+        # The student draws the teacher's split, whatever seed it trains with, so no test review taught the teacher.
+        values["split_seed"] = teacher_run.split_seed
     values["output_dir"] = str(output_dir)
-    text = _header(recipe, entry, own_rows, values) + yaml.safe_dump(values, sort_keys=False, allow_unicode=True)
+    text = _header(recipe, entry, own_rows, values, teacher_run) + yaml.safe_dump(
+        values, sort_keys=False, allow_unicode=True
+    )
     check_recipe = output_dir / CHECK_RECIPE
     _write_check_recipe(check_recipe, text, run.training.overwrite_output_dir)
     print(
@@ -112,8 +132,40 @@ def check(recipe: str, dataset: str, overrides: list[str] | None = None, seeds: 
         file=sys.stderr,
     )
 
-    # Train and score every seed, the baseline beside each, and summarise.
-    return run_repeats(str(check_recipe), overrides, seed_repeats(str(check_recipe), overrides, seeds))
+    # Train and score every seed (a student of the teacher, with one), the baseline beside each, and summarise.
+    plan = seed_repeats(str(check_recipe), overrides, seeds)
+    return run_repeats(str(check_recipe), overrides, plan, teacher=teacher_run)
+
+
+def open_check_teacher(
+    teacher: str | None, recipe: str, dataset: str, recipe_values: dict[str, Any], overrides: list[str]
+) -> TeacherRun | None:
+    """The checked teacher run for a student's check; an error if a distillation recipe has none, or it has other data.
+
+    A distillation recipe trained without its teacher would not be its settings, and a teacher trained on the
+    recipe's own data would carry what that data taught into the check.
+    """
+    from ..config.recipes import flag_names
+    from ..pipeline.arguments import DISTILL_FIELDS
+    from ..pipeline.teacher import TeacherRun
+
+    named = [name for name in DISTILL_FIELDS if name in {*recipe_values, *flag_names(overrides)}]
+    how = (
+        f"check the teacher's recipe first ('finetune check TEACHER_RECIPE {dataset} --output_dir TEACHER_CHECK'), "
+        f"then 'finetune check {recipe} {dataset} --teacher TEACHER_CHECK/seed-SEED'"
+    )
+    if teacher is None:
+        if named:
+            raise FinetuneError(
+                f"{recipe} distills a teacher ({', '.join(named)}), so its check needs a teacher trained on "
+                f"{dataset}: {how}"
+            )
+        return None
+    teacher_run = TeacherRun.open(teacher)
+    if teacher_run.dataset_name != dataset:
+        trained_on = teacher_run.dataset_name or "files of its own"
+        raise FinetuneError(f"the teacher {teacher} trained on {trained_on}, not on the check data {dataset}: {how}")
+    return teacher_run
 
 
 def check_label_bins(entry: CatalogEntry, classes: list[str], recipe: str) -> dict[str, list[float]]:
@@ -149,8 +201,10 @@ def check_recipe_values(
     own_rows: dict[str, int],
 ) -> dict[str, Any]:
     """The recipe's ``values`` with its data fields replaced by the check dataset's, and the draw sized on its own."""
-    replaced = {*SOURCE_FIELDS, *COLUMN_FIELDS, *FOLD_FIELDS, *SAMPLE_FIELDS}
+    replaced = {*SOURCE_FIELDS, *COLUMN_FIELDS, *FOLD_FIELDS, *SAMPLE_FIELDS, *UNLABELED_FIELDS}
     total = sum(own_rows.values())
+    # A student's extra reviews to be labelled come from the check data too: its reviews outside the draw.
+    unlabeled = {"unlabeled_from": dataset} if any(values.get(name) for name in UNLABELED_FIELDS) else {}
     return {
         **{key: value for key, value in values.items() if key not in replaced},
         "dataset_name": dataset,
@@ -160,6 +214,7 @@ def check_recipe_values(
         "max_train_samples": total,
         "test_split_percentage": _percent(own_rows.get("test", 0), total),
         "validation_split_percentage": _percent(own_rows.get("validation", 0), total),
+        **unlabeled,
     }
 
 
@@ -184,12 +239,16 @@ def _sizes(rows: dict[str, int]) -> str:
     return " / ".join(f"{count} {split}" for split, count in rows.items())
 
 
-def _header(recipe: str, entry: CatalogEntry, own_rows: dict[str, int], values: dict[str, Any]) -> str:
+def _header(
+    recipe: str, entry: CatalogEntry, own_rows: dict[str, int], values: dict[str, Any], teacher: TeacherRun | None
+) -> str:
+    command = "finetune train" if teacher is None else f"finetune distill {teacher.folder}"
+    taught = "" if teacher is None else f" --teacher {teacher.folder}"
     return (
         f"# {recipe}'s settings on the check dataset {entry.name} ({entry.card}), which no recipe is tuned on.\n"
-        f"# Written by 'finetune check {recipe} {entry.name}': a seeded draw of {values['max_train_samples']} "
-        f"reviews, the size of the recipe's\n# own data ({_sizes(own_rows)}), held out in the same shares. "
-        f"Train it again with 'finetune train {values['output_dir']}/{CHECK_RECIPE}'.\n"
+        f"# Written by 'finetune check {recipe} {entry.name}{taught}': a seeded draw of "
+        f"{values['max_train_samples']} reviews, the size of the recipe's\n# own data ({_sizes(own_rows)}), held "
+        f"out in the same shares. Train it again with '{command} {values['output_dir']}/{CHECK_RECIPE}'.\n"
     )
 
 

@@ -92,21 +92,24 @@ def checked_resume_point(args: Any, data: Any) -> str | None:
     return resume
 
 
+# The recipe fields only a student reads: a plain run refuses them, and a check needs a teacher for them.
+DISTILL_FIELDS = (
+    "unlabeled_file",
+    "unlabeled_from",
+    "max_unlabeled",
+    "unlabeled_sentences",
+    "distill_alpha",
+    "distill_temperature",
+    "distill_trade_reviews",
+)
+
+
 def check_not_distilling(run: Recipe, overrides: list[str] | None) -> None:
     """Refuse distillation settings in a plain ``finetune train``, which would ignore them."""
     from ..config.recipes import flag_names
 
     given = set(run.values) | flag_names(overrides or [])
-    options = (
-        "unlabeled_file",
-        "unlabeled_from",
-        "max_unlabeled",
-        "unlabeled_sentences",
-        "distill_alpha",
-        "distill_temperature",
-        "distill_trade_reviews",
-    )
-    named = [name for name in options if name in given]
+    named = [name for name in DISTILL_FIELDS if name in given]
     if named:
         raise FinetuneError(
             f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} for 'finetune distill TEACHER_RUN RECIPE'; "

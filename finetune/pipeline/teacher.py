@@ -128,12 +128,24 @@ class TeacherRun:
             return
         seen = sum(text in teacher_train for text in data.splits["test"]["text"])
         if seen:
-            drawn_with = (config.get("data") or {}).get("split_seed") or config.get("seed", 42)
             raise FinetuneError(
                 f"{seen} of the recipe's {len(data.splits['test'])} test reviews trained the teacher {self.folder}, "
-                f"so neither model's test score would be a test; set split_seed: {drawn_with} (the seed that drew "
-                "the teacher's splits) so the student's splits are the teacher's"
+                f"so neither model's test score would be a test; set split_seed: {self.split_seed} (the seed that "
+                "drew the teacher's splits) so the student's splits are the teacher's"
             )
+
+    @property
+    def split_seed(self) -> int:
+        """The seed that drew the teacher's subsets and held-out splits: a student that shares it shares them."""
+        from ..training.runs import find_run_config
+
+        config = find_run_config(self.folder) or {}
+        return int((config.get("data") or {}).get("split_seed") or config.get("seed", 42))
+
+    @property
+    def dataset_name(self) -> str | None:
+        """The catalog dataset the teacher trained on, or None for files of the user's own."""
+        return self.encoding_fields.get("dataset_name")
 
     def check_classes(self, class_names: list[str], where: str) -> None:
         """Refuse a student whose classes (or their order) differ from the teacher's."""

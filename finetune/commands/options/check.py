@@ -15,13 +15,21 @@ class CheckOptions:
     recipe: str = argument(help="a recipe YAML file, e.g. recipes/quickstart.yaml")
     dataset: str = argument(help="a check dataset from 'finetune data list', e.g. clothing_reviews")
     seeds: int = option(1, type=positive_int, help="seeds to train, from the recipe's (default: 1)")
+    teacher: str | None = option(
+        None,
+        metavar="RUN",
+        help=(
+            "for a distillation recipe: a teacher run trained on DATASET (made by 'finetune check TEACHER_RECIPE "
+            "DATASET'); every seed is its student, on its draw"
+        ),
+    )
 
 
 def run(options: CheckOptions, extra: list[str]) -> None:
-    """Train the recipe's settings on the check dataset."""
+    """Train the recipe's settings on the check dataset (as a teacher's student, with one)."""
     from ..check import check
 
-    check(options.recipe, options.dataset, extra, seeds=options.seeds)
+    check(options.recipe, options.dataset, extra, seeds=options.seeds, teacher=options.teacher)
 
 
 COMMAND = Command(
