@@ -91,7 +91,8 @@ class TeacherRun:
         )
         metrics = train(recipe, overrides, distillation=distillation)
         trade = None
-        if run.training.distill_trade_reviews and "test" in data.splits and _main_process():
+        # Under torchrun every process trains the student; the first measures the trade.
+        if run.training.distill_trade_reviews and "test" in data.splits and run.training.process_index == 0:
             from .trade import measure_trade
 
             trade = measure_trade(
@@ -325,13 +326,6 @@ def read_unlabeled_reviews(data_args: Any) -> list[str]:
     if not kept:
         raise FinetuneError(f"unlabeled_file {path} has no non-empty review in '{data_args.text_column}'")
     return kept
-
-
-def _main_process() -> bool:
-    # Under torchrun every process trains the student; one measures the trade.
-    import os
-
-    return os.environ.get("RANK", "0") == "0"
 
 
 def _soft_label_cache() -> Path | None:
