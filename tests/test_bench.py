@@ -138,12 +138,13 @@ def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):
     assert all(run["peak_rss_mib"] > 0 for run in runs)
 
 
-def test_balanced_class_weights_come_from_the_whole_train_split(tmp_path, tiny_model_dir):
+def test_recipe_options_reach_every_system_and_class_weights_come_from_the_whole_train_split(tmp_path, tiny_model_dir):
+    """Balanced class weights, bf16 autocast and fused AdamW (all three run on the CPU too), in one bench."""
     # One update of one review holds one class of three: weights computed from the bench's own
     # reviews would be refused ("needs training reviews of every class"), as a shipped recipe's were.
     output = tmp_path / "bench.json"
     recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
-    flags = ["--updates", "1", "--no_inference", "--output", str(output)]
+    flags = ["--updates", "1", "--no_inference", "--output", str(output), "--bf16", "true"]
     fields = [
         "--class_weighting",
         "balanced",
@@ -152,9 +153,13 @@ def test_balanced_class_weights_come_from_the_whole_train_split(tmp_path, tiny_m
         "--gradient_accumulation_steps",
         "1",
     ]
-    assert main(["bench", recipe, *flags, *fields]) == 0
+    assert main(["bench", recipe, *flags, *fields, "--optim", "adamw_torch_fused"]) == 0
     report = json.loads(output.read_text())
     assert [row["samples"] for row in report["systems"]] == [1, 1, 1]
+    assert [row["updates"] for row in report["systems"]] == [1, 1, 1]
+    assert all(np.isfinite(row["train_loss"]) for row in report["systems"])
+    # Every system trains in bf16, and the peak its MFU is read against is bf16's.
+    assert (report["precision"], report["gemm_peak_dtype"]) == ("bf16", "bf16")
     # n / (classes x count) over the recipe's whole train split, counted here from its labels.
     from sklearn.utils.class_weight import compute_class_weight
 
@@ -165,18 +170,6 @@ def test_balanced_class_weights_come_from_the_whole_train_split(tmp_path, tiny_m
     labels = load_review_data(run.data, seed=run.training.seed).splits["train"]["labels"]
     expected = compute_class_weight("balanced", classes=np.arange(3), y=np.asarray(labels))
     assert np.allclose(report["class_weights"], expected)
-
-
-def test_mixed_precision_and_fused_adamw_are_bench_options(tmp_path, tiny_model_dir):
-    # bf16 autocast and fused AdamW run on the CPU too: every system trains with them, the peak is bf16's.
-    output = tmp_path / "bench.json"
-    recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
-    flags = ["--updates", "1", "--no_inference", "--output", str(output), "--bf16", "true"]
-    assert main(["bench", recipe, *flags, "--optim", "adamw_torch_fused"]) == 0
-    report = json.loads(output.read_text())
-    assert (report["precision"], report["gemm_peak_dtype"]) == ("bf16", "bf16")
-    assert [row["updates"] for row in report["systems"]] == [1, 1, 1]
-    assert all(np.isfinite(row["train_loss"]) for row in report["systems"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
