@@ -78,28 +78,13 @@ def check(
     """
     from ..config.recipes import flag_names, load_recipe, read_recipe_file
     from ..data.splits import load_review_data
-    from ..fetching.catalog import CATALOG, get_entry
+    from ..pipeline.flags import without_flags
     from ..pipeline.repeats import run_repeats, seed_repeats
 
-    # Arguments: the check dataset, the flags it allows, the recipe as the flags leave it.
-    entry = get_entry(dataset)
-    if entry.purpose != "check":
-        checks = ", ".join(name for name, known in CATALOG.items() if known.purpose == "check")
-        raise FinetuneError(
-            f"{dataset} is a dataset recipes are tuned on, not a check dataset; check a recipe on one no recipe "
-            f"was tuned on: {checks} (see 'finetune data list')"
-        )
+    # Arguments: the check dataset, the flags it allows, the teacher where the recipe needs one.
     overrides = list(overrides or [])
-    refused = sorted(flag_names(overrides) & {*SOURCE_FIELDS, *COLUMN_FIELDS, *FOLD_FIELDS, *UNLABELED_FIELDS})
-    if refused:
-        raise FinetuneError(
-            f"finetune check reads the reviews, columns and classes from {dataset}, so --{refused[0]} cannot be "
-            f"given; drop it (to train on other data, use 'finetune train {recipe} --{refused[0]} ...')"
-        )
-    if seeds < 1:
-        raise FinetuneError(f"--seeds must be >= 1 (got {seeds}); e.g. --seeds 3")
+    entry = checked_arguments(recipe, dataset, overrides, seeds)
     teacher_run = open_check_teacher(teacher, recipe, entry.name, read_recipe_file(recipe), overrides)
-    from ..pipeline.flags import without_flags
 
     # The recipe's own data, as it trains on it: its classes, and its split sizes, which the draw copies.
     # (max_unlabeled may size the check's unlabelled draw where the recipe's own reviews come from a file.)
@@ -135,6 +120,29 @@ def check(
     # Train and score every seed (a student of the teacher, with one), the baseline beside each, and summarise.
     plan = seed_repeats(str(check_recipe), overrides, seeds)
     return run_repeats(str(check_recipe), overrides, plan, teacher=teacher_run)
+
+
+def checked_arguments(recipe: str, dataset: str, overrides: list[str], seeds: int) -> CatalogEntry:
+    """The check dataset's catalog entry, once it is one and no flag names what the check replaces."""
+    from ..config.recipes import flag_names
+    from ..fetching.catalog import CATALOG, get_entry
+
+    entry = get_entry(dataset)
+    if entry.purpose != "check":
+        checks = ", ".join(name for name, known in CATALOG.items() if known.purpose == "check")
+        raise FinetuneError(
+            f"{dataset} is a dataset recipes are tuned on, not a check dataset; check a recipe on one no recipe "
+            f"was tuned on: {checks} (see 'finetune data list')"
+        )
+    refused = sorted(flag_names(overrides) & {*SOURCE_FIELDS, *COLUMN_FIELDS, *FOLD_FIELDS, *UNLABELED_FIELDS})
+    if refused:
+        raise FinetuneError(
+            f"finetune check reads the reviews, columns and classes from {dataset}, so --{refused[0]} cannot be "
+            f"given; drop it (to train on other data, use 'finetune train {recipe} --{refused[0]} ...')"
+        )
+    if seeds < 1:
+        raise FinetuneError(f"--seeds must be >= 1 (got {seeds}); e.g. --seeds 3")
+    return entry
 
 
 def open_check_teacher(
