@@ -455,3 +455,16 @@ def test_the_trade_scores_both_models_on_the_same_test_reviews(student_run, teac
     card = (student_run / "README.md").read_text()
     assert f"they give the same label to {trade['agreement'] * 100:.1f}% of them" in card
     assert "| student, int8 (openvino) |" in card
+
+
+@pytest.mark.parametrize(
+    ("data", "seed", "expected"), [({"split_seed": 0}, 42, 0), ({}, 43, 43), ({"split_seed": 7}, 43, 7)]
+)
+def test_the_teachers_split_seed_is_the_one_that_drew_its_splits(tmp_path, data, seed, expected):
+    # split_seed 0 is a seed like any other: it, not the training seed, drew the teacher's splits.
+    from finetune.pipeline.teacher import TeacherRun
+    from finetune.training.runs import RUN_CONFIG
+
+    (tmp_path / RUN_CONFIG).write_text(json.dumps({"seed": seed, "data": data}), encoding="utf-8")
+    teacher = TeacherRun(tmp_path, ["negative", "positive"], data, "tiny", None)
+    assert teacher.split_seed == expected

@@ -101,13 +101,17 @@ class ReviewData:
     report: DataReport
 
 
+def drawing_seed(split_seed: int | None, seed: int) -> int:
+    """The seed that draws a run's subsets, held-out splits and folds: ``split_seed`` where set (0 included)."""
+    return seed if split_seed is None else split_seed
+
+
 def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
     """Read the recipe's source, map columns to text and class ids, drop bad rows, split off what is missing.
 
     ``seed`` draws the subsets, held-out splits and folds, unless the recipe fixes ``split_seed``.
     """
-    if data_args.split_seed is not None:
-        seed = data_args.split_seed
+    seed = drawing_seed(data_args.split_seed, seed)
     raw = read_sources(data_args)
     tables = {split: _subsample(table, split, data_args, seed) for split, table in raw.tables.items()}
     for split, table in tables.items():

@@ -138,10 +138,11 @@ class TeacherRun:
     @property
     def split_seed(self) -> int:
         """The seed that drew the teacher's subsets and held-out splits: a student that shares it shares them."""
+        from ..data.splits import drawing_seed
         from ..training.runs import find_run_config
 
         config = find_run_config(self.folder) or {}
-        return int((config.get("data") or {}).get("split_seed") or config.get("seed", 42))
+        return drawing_seed((config.get("data") or {}).get("split_seed"), config.get("seed", 42))
 
     @property
     def dataset_name(self) -> str | None:
