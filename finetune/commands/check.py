@@ -84,12 +84,13 @@ def check(
     # Arguments: the check dataset, the flags it allows, the teacher where the recipe needs one.
     overrides = list(overrides or [])
     entry = checked_arguments(recipe, dataset, overrides, seeds)
-    teacher_run = open_check_teacher(teacher, recipe, entry.name, read_recipe_file(recipe), overrides)
+    recipe_values = read_recipe_file(recipe)
+    teacher_run = open_check_teacher(teacher, recipe, entry.name, recipe_values, overrides)
+    # --max_unlabeled sizes the check's unlabelled draw, which a recipe with an unlabeled_file would refuse.
+    recipe_flags = without_flags(overrides, {"--max_unlabeled": True})
 
     # The recipe's own data, as it trains on it: its classes, and its split sizes, which the draw copies.
-    # (max_unlabeled may size the check's unlabelled draw where the recipe's own reviews come from a file.)
-    own_flags = without_flags(overrides, {f"--{name}": True for name in (*SAMPLE_FIELDS, "max_unlabeled")})
-    own = load_recipe(recipe, own_flags)
+    own = load_recipe(recipe, without_flags(recipe_flags, {f"--{name}": True for name in SAMPLE_FIELDS}))
     columns = check_columns(entry, own.data)
     if own.data.class_names:  # named by the recipe: checked before its data is read (or downloaded)
         check_label_bins(entry, list(own.data.class_names), recipe)
@@ -98,10 +99,10 @@ def check(
     own_rows = own_split_sizes(own_data)
 
     # The check recipe: the recipe's values with the check data's fields, written beside the runs.
-    run = load_recipe(recipe, without_flags(overrides, {"--max_unlabeled": True}))
+    run = load_recipe(recipe, recipe_flags)
     given_output = "output_dir" in flag_names(overrides)
     output_dir = Path(run.training.output_dir if given_output else f"{run.training.output_dir}-check-{entry.name}")
-    values = check_recipe_values(read_recipe_file(recipe), entry.name, columns, label_bins, own_rows)
+    values = check_recipe_values(recipe_values, entry.name, columns, label_bins, own_rows)
     if teacher_run is not None:
         # The student draws the teacher's split, whatever seed it trains with, so no test review taught the teacher.
         values["split_seed"] = teacher_run.split_seed
