@@ -44,5 +44,18 @@ PY
 "$PYTHON" -m finetune data fetch drugscom >/dev/null
 cp -r "${FINETUNE_CACHE:-$HOME/.cache/finetune}/datasets/drugscom" "$CARRY/cache/datasets/"
 
+# 4. 640 imdb reviews (seed 0) for the MFU step: long reviews at their real lengths, 1 MB instead of the 32 MB file.
+"$PYTHON" -m finetune data fetch imdb >/dev/null
+"$PYTHON" - "${FINETUNE_CACHE:-$HOME/.cache/finetune}" "$CARRY/imdb_sample.csv" <<'PY'
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+source = next(Path(sys.argv[1], "datasets", "imdb").glob("*/imdb_train.csv"))
+pd.read_csv(source).sample(n=640, random_state=0).to_csv(sys.argv[2], index=False)
+print(f"imdb sample: 640 reviews of {source}")
+PY
+
 du -sh "$CARRY"
 echo "ready: carry .gpu_carry (must stay well under 64 MiB with the working tree)"
