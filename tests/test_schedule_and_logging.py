@@ -161,7 +161,7 @@ def test_the_bar_shows_no_loss_before_it_has_one(initial_model, tokenizer, tmp_p
     # Independent: the first window's 6 reviews, each scored alone by the model in training mode.
     model.train()
     collator = DataCollatorWithPadding(tokenizer)
-    losses = [float(model(**collator([dataset[row]]).to(model.device)).loss) for row in range(6)]
+    losses = [model(**collator([dataset[row]]).to(model.device)).loss.item() for row in range(6)]
     first_window_mean = f"{sum(losses) / len(losses):.4f}"
     for epoch in (1, 2):
         texts = [text for shown_epoch, text in _RecordShownLoss.shown if shown_epoch == epoch]
