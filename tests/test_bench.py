@@ -275,3 +275,43 @@ def test_a_run_timed_apart_from_the_counted_one_starts_from_the_same_weights(tmp
         assert apart["sample_ids"] == alone["sample_ids"] and apart["lengths"] == alone["lengths"]
         assert apart["host_syncs"] == alone["host_syncs"] is not None
         assert apart["model_host_syncs"] == alone["model_host_syncs"]
+
+
+def test_a_trainer_s_set_up_is_timed_apart_from_its_updates(tmp_path, tiny_model_dir, monkeypatch):
+    """What a trainer does before its first forward (here a callback's slow on_train_begin) is set-up, not rate.
+
+    No speed is asserted: the slow start must land in ``setup_seconds``, and the two spans may not overlap
+    (together they fit inside the call that measured them).
+    """
+    import time
+    from dataclasses import asdict
+
+    from finetune.commands import bench_systems
+    from finetune.commands.bench import _speed_specs
+    from finetune.config.recipes import load_recipe
+    from finetune.data.encoding import ReviewEncoding
+    from finetune.data.splits import load_review_data, tokenize_splits
+    from finetune.training.modeling import load_tokenizer
+
+    slow_start = 3.0
+    with_progress = bench_systems._progress_callback
+
+    def slowly_starting(queue):
+        callback = with_progress(queue)
+        callback.on_train_begin = lambda *args, **kwargs: time.sleep(slow_start)
+        return callback
+
+    monkeypatch.setattr(bench_systems, "_progress_callback", slowly_starting)
+    recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
+    run = load_recipe(recipe, [])
+    data = load_review_data(run.data, seed=run.training.seed)
+    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
+    encoded, _ = tokenize_splits(data.splits, tokenizer, ReviewEncoding.from_fields(asdict(run.data)))
+    spec = _speed_specs(recipe, [], run.training, encoded["train"], tmp_path, data.label_names, 2, [])[0]
+    assert spec.system == bench_systems.REVIEW_TRAINER
+    called = time.perf_counter()
+    result = bench_systems._train_system(spec, bench_systems._Discard())
+    call_seconds = time.perf_counter() - called
+    assert result["setup_seconds"] >= slow_start
+    assert result["seconds"] > 0
+    assert result["seconds"] + result["setup_seconds"] <= call_seconds

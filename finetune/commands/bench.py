@@ -6,7 +6,10 @@ optimizer, in its own process (see :mod:`finetune.commands.bench_systems`). The 
 gives throughput in samples and real (non-pad) tokens, the pad fraction, peak
 resident memory, achieved GFLOP/s from :mod:`finetune.commands.flops`, and that as a
 share of a matrix-multiply peak measured here at start (MFU). Ratios against
-ReviewTrainer come first. Timings are for reading, never for asserting.
+ReviewTrainer come first. Timings are for reading, never for asserting. Each system is
+timed from its first forward to the end of its last update; what came before
+(a trainer's accelerator, optimizer, loader and callbacks, paid once a run) is
+its set-up column, outside the rates.
 
 ``--device cuda`` trains the three systems on the GPU, in the recipe's
 precision (``--bf16 true``, or ``--fp16 true`` with a GradScaler, as
@@ -506,6 +509,8 @@ def _speed_row(result: dict[str, Any], model_shape: dict[str, int], gemm_peak: f
     return {
         "system": result["system"],
         "seconds": seconds,
+        # Before the first forward, outside the rates: the system's set-up (see bench_systems._train_once).
+        "setup_seconds": result["setup_seconds"],
         "updates": result["updates"],
         "samples": result["samples"],
         "samples_per_second": result["samples"] / seconds,
@@ -635,14 +640,15 @@ def format_speed_report(report: dict[str, Any]) -> str:
     gpu_columns = " peak GPU MiB | CUDA syncs/update |" if on_gpu else ""
     lines += [
         "",
-        "| system | seconds | samples/s | real tokens/s | pad fraction | forward passes/update | peak RSS MiB "
-        f"| GFLOP/s | MFU | host syncs/update (loop + model) |{gpu_columns}",
-        "| --- " * (10 + 2 * on_gpu) + "|",
+        "| system | seconds | set-up s | samples/s | real tokens/s | pad fraction | forward passes/update "
+        f"| peak RSS MiB | GFLOP/s | MFU | host syncs/update (loop + model) |{gpu_columns}",
+        "| --- " * (11 + 2 * on_gpu) + "|",
     ]
     for row in report["systems"]:
         gpu_cells = f" {row['peak_gpu_memory_mib']:.0f} | {row['cuda_syncs_per_update']:.1f} |" if on_gpu else ""
         lines.append(
-            f"| {row['system']} | {row['seconds']:.1f} | {row['samples_per_second']:.2f} | "
+            f"| {row['system']} | {row['seconds']:.2f} | {row['setup_seconds']:.2f} | "
+            f"{row['samples_per_second']:.2f} | "
             f"{row['real_tokens_per_second']:.0f} | {row['pad_fraction']:.1%} | "
             f"{row['forward_passes_per_update']:.1f} | {row['peak_rss_mib']:.0f} | "
             f"{row['gflops']:.1f} | {row['mfu']:.1%} | "
