@@ -2,7 +2,10 @@
 # Every GPU figure issue 47 asks for, in ONE device call (about 9 minutes at most; steps are skipped, never cut off
 # mid-figure, once the budget runs out). Prepare first, here, with tools/gpu_prepare.sh; then:
 #
-#   run(command="bash tools/gpu_bench.sh", carry=[".gpu_carry"], timeout_s=580)
+#   run(command="BUDGET=545 bash tools/gpu_bench.sh", carry=[".gpu_carry"], timeout_s=595)
+#
+# On 2026-11-28 (one H200, 1 min to start) that call ran 513 s: the steps below took 70, 91 (cut; now 150 s),
+# 78, 49 and 200 s (cut serially; now 4 workers), with 352 s of the session's 900 left after it.
 #   run(command="ONLY='tests' BUDGET=200 bash tools/gpu_bench.sh", ...)   # some steps only (names matched)
 #
 # What comes back under $OUT: log.txt (everything printed) and results.tar.gz (each bench's JSON, the breakdown's
@@ -87,7 +90,7 @@ TOKENS=16384
 
 step "bench MPNet bf16, recipe batch, ReviewTrainer by tokens" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml \
   "${BENCH[@]}" --model_name_or_path $MPNET --micro_batch_tokens $TOKENS --output $RESULTS/bench-mpnet-tokens.json
-step "bench MiniLM bf16, recipe batch, ReviewTrainer packed" 90 $PY -m finetune bench recipes/drugscom.yaml \
+step "bench MiniLM bf16, recipe batch, ReviewTrainer packed" 150 $PY -m finetune bench recipes/drugscom.yaml \
   "${BENCH[@]}" --micro_batch_tokens $TOKENS --padding_free true --output $RESULTS/bench-minilm-packed.json
 # MFU on long reviews: MPNet at max_length 512 on 640 imdb reviews (drawn by gpu_prepare.sh; median 230 MPNet
 # tokens, 17% cut at 512), 9 updates of 32 x 2, ReviewTrainer cutting each update into pieces of at most 16k
@@ -112,9 +115,11 @@ step "train drugscom-mpnet bf16 by tokens, with its checkpoints (breakdown)" 120
   recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --bf16 true --micro_batch_tokens $TOKENS \
   --output_dir /tmp/run-mpnet-tokens --disable_tqdm true
 cp /tmp/run-mpnet-tokens/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-tokens.json 2>/dev/null
+# Four workers share the GPU (16 host cores): serially the 86 tests outran 200 s on 2026-11-28. -v names each
+# test as it ends and --timeout fails a hung one, so a cut-off step still says which passed and which failed.
 step "exactness for any split, packing, first tokens, mixed precision, host syncs, resume on CUDA" 200 \
-  env FINETUNE_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider -n 0 tests/test_exactness.py \
-  tests/test_any_split.py tests/test_packed_attention.py tests/test_first_tokens.py tests/test_mixed_precision.py \
-  tests/test_host_syncs.py tests/test_schedule_and_logging.py \
+  env FINETUNE_TEST_DEVICE=cuda $PY -m pytest -v -p no:cacheprovider -p no:benchmark -n 4 --dist load --timeout 150 -rfE \
+  --tb=short tests/test_exactness.py tests/test_any_split.py tests/test_packed_attention.py tests/test_first_tokens.py \
+  tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py \
   "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 | tee $RESULTS/tests-cuda.txt
 echo "done in $((SECONDS - START))s"
