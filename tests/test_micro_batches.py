@@ -93,3 +93,14 @@ def test_a_packed_row_holds_each_review_s_tokens_and_positions(tokenizer, side):
     assert row["labels"].tolist() == [0, 1, 2, 0]
     assert "attention_mask" not in row
     assert torch.equal(row["token_type_ids"], torch.zeros_like(row["input_ids"]))
+
+
+def test_the_loader_s_unpadded_features_stay_as_they_are_on_their_way_to_the_device():
+    """Accelerate places each loader batch on the device; a window's features are Python lists, left as they are."""
+    from accelerate.utils import send_to_device
+
+    from finetune.training.micro_batches import keep_features
+
+    features = keep_features([{"input_ids": [101, 2307, 102], "labels": 1}, {"input_ids": [101, 102], "labels": 0}])
+    assert send_to_device(features, torch.device("cpu"), non_blocking=True) is features
+    assert send_to_device(features, "cpu") is features

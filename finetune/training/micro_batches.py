@@ -40,9 +40,13 @@ ATTENTION_GROUP_SHARE = 0.8
 class FeatureList(list):
     """A dataloader batch of unpadded features, collated only once the window is cut into pieces.
 
-    A plain list subclass, so Accelerate's device placement leaves it alone
-    (its items hold Python lists, not tensors).
+    Its items hold Python lists, not tensors, so it stays on the host (``to``).
     """
+
+    def to(self, *args: Any, **kwargs: Any) -> FeatureList:
+        """Itself: Accelerate's device placement calls ``to`` on what has one, and would otherwise rebuild
+        the batch one Python number at a time (3.5 ms a micro-batch of 8 short reviews, on the host)."""
+        return self
 
 
 def keep_features(features: list[dict[str, Any]]) -> FeatureList:
