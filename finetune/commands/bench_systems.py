@@ -381,7 +381,7 @@ def _classic_loop(
             queue.put(("progress", 1))
     for counter in counters:
         counter.counting = False
-    return float(loss) * n_accumulate
+    return float(loss.detach()) * n_accumulate
 
 
 def _classic_optimizer(model: Any, args: Any, updates: int) -> tuple[Any, Any]:
