@@ -21,6 +21,24 @@ def tiny_bench_recipe(folder: Path, model_dir: Path) -> Path:
     return tiny_recipe(folder, model_dir, folder / "unused", per_device_train_batch_size=4)
 
 
+def tiny_speed_specs(folder: Path, model_dir: Path, updates: int) -> list:
+    """The bench's three training systems for the tiny recipe, as ``finetune bench`` plans them, to run here."""
+    from dataclasses import asdict
+
+    from finetune.commands.bench import _speed_specs
+    from finetune.config.recipes import load_recipe
+    from finetune.data.encoding import ReviewEncoding
+    from finetune.data.splits import load_review_data, tokenize_splits
+    from finetune.training.modeling import load_tokenizer
+
+    recipe = str(tiny_bench_recipe(folder, model_dir))
+    run = load_recipe(recipe, [])
+    data = load_review_data(run.data, seed=run.training.seed)
+    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
+    encoded, _ = tokenize_splits(data.splits, tokenizer, ReviewEncoding.from_fields(asdict(run.data)))
+    return _speed_specs(recipe, [], run.training, encoded["train"], folder, data.label_names, updates, [])
+
+
 def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, monkeypatch):
     import tempfile
 
@@ -236,14 +254,7 @@ def test_a_run_timed_apart_from_the_counted_one_starts_from_the_same_weights(tmp
     from fresh weights (a second run that started from the first run's trained weights would not), and
     carry the first run's sync counts.
     """
-    from dataclasses import asdict
-
-    from finetune.commands.bench import _speed_specs
     from finetune.commands.bench_systems import _train_system
-    from finetune.config.recipes import load_recipe
-    from finetune.data.encoding import ReviewEncoding
-    from finetune.data.splits import load_review_data, tokenize_splits
-    from finetune.training.modeling import load_tokenizer
 
     class Updates:
         def __init__(self) -> None:
@@ -252,12 +263,7 @@ def test_a_run_timed_apart_from_the_counted_one_starts_from_the_same_weights(tmp
         def put(self, item) -> None:
             self.count += item == ("progress", 1)
 
-    recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
-    run = load_recipe(recipe, [])
-    data = load_review_data(run.data, seed=run.training.seed)
-    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
-    encoded, _ = tokenize_splits(data.splits, tokenizer, ReviewEncoding.from_fields(asdict(run.data)))
-    specs = _speed_specs(recipe, [], run.training, encoded["train"], tmp_path, data.label_names, 2, [])
+    specs = tiny_speed_specs(tmp_path, tiny_model_dir, updates=2)
     for spec in specs:
         spec.timed_apart = False
         alone = _train_system(spec, Updates())
@@ -278,14 +284,8 @@ def test_a_trainer_s_set_up_is_timed_apart_from_its_updates(tmp_path, tiny_model
     (together they fit inside the call that measured them).
     """
     import time
-    from dataclasses import asdict
 
     from finetune.commands import bench_systems
-    from finetune.commands.bench import _speed_specs
-    from finetune.config.recipes import load_recipe
-    from finetune.data.encoding import ReviewEncoding
-    from finetune.data.splits import load_review_data, tokenize_splits
-    from finetune.training.modeling import load_tokenizer
 
     slow_start = 3.0
     with_progress = bench_systems._progress_callback
@@ -296,12 +296,7 @@ def test_a_trainer_s_set_up_is_timed_apart_from_its_updates(tmp_path, tiny_model
         return callback
 
     monkeypatch.setattr(bench_systems, "_progress_callback", slowly_starting)
-    recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
-    run = load_recipe(recipe, [])
-    data = load_review_data(run.data, seed=run.training.seed)
-    tokenizer = load_tokenizer(run.model, run.data.truncation_side)
-    encoded, _ = tokenize_splits(data.splits, tokenizer, ReviewEncoding.from_fields(asdict(run.data)))
-    spec = _speed_specs(recipe, [], run.training, encoded["train"], tmp_path, data.label_names, 2, [])[0]
+    spec = tiny_speed_specs(tmp_path, tiny_model_dir, updates=2)[0]
     assert spec.system == bench_systems.REVIEW_TRAINER
     called = time.perf_counter()
     result = bench_systems._train_system(spec, bench_systems._Discard())
