@@ -59,7 +59,7 @@ from .bench_systems import (
 TRAINING_SYSTEMS = (REVIEW_TRAINER, STOCK_TRAINER, CLASSIC_LOOP)
 # Settings only ReviewTrainer has: given to the bench, they set ReviewTrainer's row alone, so that it is
 # measured against stock Trainer and the classic loop at the recipe's own settings.
-REVIEW_TRAINER_FLAGS = ("--micro_batch_tokens", "--padding_free")
+REVIEW_TRAINER_FLAGS = ("--micro_batch_tokens", "--padding_free", "--fused_attention")
 MEMORY_ACCUMULATION_STEPS = (1, 4, 16)
 MIB = 1024 * 1024
 # Two classes' fp32 probabilities closer than this make a "near tie" in the prediction report.
@@ -290,7 +290,7 @@ def split_review_trainer_flags(overrides: list[str]) -> tuple[list[str], list[st
             ours += [flag, overrides[index + 1]]
             index += 2
         else:
-            raise FinetuneError(f"{flag} needs a value, e.g. {flag} {'true' if 'padding' in flag else '4096'}")
+            raise FinetuneError(f"{flag} needs a value, e.g. {flag} {'4096' if 'tokens' in flag else 'true'}")
     return shared, ours
 
 

@@ -474,6 +474,17 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         },
     )
+    fused_attention: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "Compute MPNet's attention with PyTorch's SDPA, its relative-position bias as the mask, in "
+                "training and validation: the same logits and gradients (to rounding), fused kernels instead "
+                "of score matrices written out per layer; false keeps transformers' eager attention. Other "
+                "models are unaffected (BERT uses SDPA already)."
+            )
+        },
+    )
     baseline: bool = field(
         default=True,
         metadata={

@@ -18,6 +18,7 @@ from ..export.fallback import Int8WithFallback, read_fallback
 from ..export.onnxruntime import OnnxClassifier, is_onnx_folder, require_onnx_runtime
 from ..export.openvino import OpenVinoClassifier, is_openvino_folder, require_openvino
 from ..training.first_tokens import LastLayerAtFirstTokens, reads_first_token_only
+from ..training.mpnet_attention import FusedMPNetAttention
 from .length_batches import CPU_PASS_COST_TOKENS, length_batches
 
 # Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.
@@ -173,7 +174,9 @@ def _logits(
     logits = np.zeros((len(rows["input_ids"]), model.config.num_labels), dtype=np.float64)
     # A BERT classifier's last layer computes only the first tokens its head reads (the same logits).
     first_tokens = LastLayerAtFirstTokens(model) if not exported and reads_first_token_only(model) else None
-    with torch.inference_mode(), _removed_after(first_tokens):
+    # MPNet's attention through SDPA: the same logits, 1.2x (256 tokens) to 1.4x (512) as fast on 2 CPU cores.
+    fused = None if exported else FusedMPNetAttention(model)
+    with torch.inference_mode(), _removed_after(first_tokens), _removed_after(fused):
         for chosen in batches:
             batch = collator([{name: rows[name][row] for name in inputs} for row in chosen])
             if exported:

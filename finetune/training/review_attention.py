@@ -37,15 +37,29 @@ def attention(
 def attention_with_dropout(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, dropout: float, scaling: float
 ) -> torch.Tensor:
-    """Attention with dropout on its probabilities, as SDPA's unfused path computes it, with a cheaper mask.
+    """Attention over each review's real keys (``key_mask``) with dropout, as SDPA's unfused path, a cheaper mask."""
+    padding_bias = torch.zeros(key_mask.shape, dtype=query.dtype, device=query.device)
+    padding_bias.masked_fill_(~key_mask, torch.finfo(query.dtype).min)
+    return biased_attention_with_dropout(query, key, value, padding_bias[:, None, None, :], dropout, scaling)
+
+
+def biased_attention_with_dropout(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    additive_mask: torch.Tensor | None,
+    dropout: float,
+    scaling: float,
+) -> torch.Tensor:
+    """``softmax(q k^T * scaling + additive_mask)`` with dropout, times ``v``: SDPA's unfused path, a cheaper mask.
 
     The 1 / (1 - dropout) rescaling is applied to the output, which is
     smaller than the weights.
     """
     scores = torch.matmul(query * scaling, key.transpose(-1, -2))
-    # In place: matmul's backward needs its inputs, not its output. Padding keys get no weight.
-    padding_bias = torch.zeros(key_mask.shape, dtype=scores.dtype, device=scores.device)
-    scores.add_(padding_bias.masked_fill_(~key_mask, torch.finfo(scores.dtype).min)[:, None, None, :])
+    if additive_mask is not None:
+        # In place: matmul's backward needs its inputs, not its output. Masked keys get no weight.
+        scores.add_(additive_mask)
     probabilities = torch.softmax(scores, dim=-1)
     # A float mask: multiplying by it is one pass each way, where a bool mask's where or masked_fill
     # took several times as long on the CPU.

@@ -81,6 +81,7 @@ from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empt
 from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
 from .micro_batches import cut_window, keep_features
+from .mpnet_attention import FusedMPNetAttention
 from .packed_attention import PackedReading
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
@@ -138,6 +139,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # and whether pieces are packed rows. Neither set: the dataloader's micro-batches, as stock.
         self.micro_batch_tokens: int | None = getattr(self.args, "micro_batch_tokens", None)
         self.padding_free: bool = bool(getattr(self.args, "padding_free", False))
+        # MPNet's attention through SDPA (see mpnet_attention.py); stock TrainingArguments get it too.
+        self.fused_attention: bool = bool(getattr(self.args, "fused_attention", True))
         self._piece_collator: Any = None  # the run's collator, applied to each piece once a window is cut
 
     @property
@@ -183,19 +186,23 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         return sampler
 
     def evaluation_loop(self, dataloader: Any, description: str, *args: Any, **kwargs: Any) -> Any:
-        """Trainer's evaluation and prediction loop; a BERT classifier's last layer computes only its first tokens.
+        """Trainer's evaluation and prediction loop, reading the model more cheaply for the same logits.
 
-        The head reads nothing else, so the logits (and the loss) are the same
-        and about a sixth of the work goes (:mod:`.first_tokens`). A run with
-        ``padding_free`` has it installed already, for training.
+        A BERT classifier's last layer computes only its first tokens: the head
+        reads nothing else, so the logits (and the loss) are the same and about a
+        sixth of the work goes (:mod:`.first_tokens`); a run with ``padding_free``
+        has it installed already, for training. MPNet's attention goes through
+        SDPA (:mod:`.mpnet_attention`) unless ``fused_attention`` is false.
         """
         model = self.accelerator.unwrap_model(self.model)
         last_layer = LastLayerAtFirstTokens(model) if reads_first_token_only(model) else None
+        fused = FusedMPNetAttention(model) if self.fused_attention else None
         try:
             return super().evaluation_loop(dataloader, description, *args, **kwargs)
         finally:
-            if last_layer is not None:
-                last_layer.remove()
+            for installed in (last_layer, fused):
+                if installed is not None:
+                    installed.remove()
 
     # -------------------------------------------------------------- optimizer
 
@@ -293,8 +300,10 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 f"{self.state.global_step}; skipping {micro_batches_done} micro-batches of that epoch"
             )
 
-        # Packed rows need attention per review, installed for this run only (the saved model stays stock).
+        # Packed rows need attention per review, and MPNet's attention goes through SDPA, both installed
+        # for this run only (the saved model stays stock).
         packed_reading = PackedReading(self.accelerator.unwrap_model(model)) if self.padding_free else None
+        fused = FusedMPNetAttention(self.accelerator.unwrap_model(model)) if self.fused_attention else None
         try:
             return self._run_accumulation_loop(
                 model=model,
@@ -308,8 +317,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 ignore_keys_for_eval=ignore_keys_for_eval,
             )
         finally:
-            if packed_reading is not None:
-                packed_reading.remove()
+            for installed in (packed_reading, fused):
+                if installed is not None:
+                    installed.remove()
 
     def _log_training_banner(
         self, model: nn.Module, train_dataloader: Any, num_epochs: int, updates_in_epoch: int, max_steps: int

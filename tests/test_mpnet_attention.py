@@ -1,0 +1,200 @@
+"""MPNet's attention through SDPA computes what transformers' eager MPNet computes.
+
+The reference is transformers' own MPNet (eager attention, the relative-position
+bias added to materialised scores), never the fused code under test.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import flat_parameters, review_dataset, sgd_args, sgd_step
+from transformers import DataCollatorWithPadding, MPNetConfig, MPNetForSequenceClassification
+
+import finetune.training.mpnet_attention as mpnet_attention
+from finetune import ReviewTrainer
+from finetune.evaluation.inference import _logits
+from finetune.training.mpnet_attention import FusedMPNetAttention
+from finetune.training.review_attention import biased_attention_with_dropout
+
+TOLERANCE = 1e-5
+
+
+def tiny_mpnet(tokenizer, dropout: float = 0.0) -> MPNetForSequenceClassification:
+    """A 2-layer MPNet classifier (hidden 32, 3 labels) over the packaged WordPiece vocabulary."""
+    torch.manual_seed(0)
+    config = MPNetConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=160,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        pad_token_id=tokenizer.pad_token_id,  # MPNet counts positions from its padding id
+        num_labels=3,
+        initializer_range=0.2,  # weights large enough that every gradient, the bias's too, is well above rounding
+    )
+    model = MPNetForSequenceClassification(config)
+    # A visible bias: at init the relative-position table is near zero and would hide a dropped bias.
+    with torch.no_grad():
+        model.mpnet.encoder.relative_attention_bias.weight.normal_(0, 1.0)
+    return model
+
+
+def padded_batch(tokenizer, samples: int = 6):
+    features = [dict(row) for row in review_dataset(tokenizer, samples, max_words=40)]
+    return DataCollatorWithPadding(tokenizer)(features)
+
+
+def logits_and_gradients(model, batch, fused: bool):
+    model = copy.deepcopy(model).train()
+    installed = FusedMPNetAttention(model) if fused else None
+    output = model(**batch)
+    output.loss.backward()
+    if installed is not None:
+        installed.remove()
+    return output.logits.detach(), {name: parameter.grad for name, parameter in model.named_parameters()}
+
+
+def test_fused_logits_and_gradients_equal_the_eager_model(tokenizer):
+    model = tiny_mpnet(tokenizer)
+    batch = padded_batch(tokenizer)
+    assert bool((batch["attention_mask"] == 0).any()), "the batch must have padding to test the mask"
+    eager_logits, eager_gradients = logits_and_gradients(model, batch, fused=False)
+    fused_logits, fused_gradients = logits_and_gradients(model, batch, fused=True)
+    assert torch.allclose(fused_logits, eager_logits, atol=TOLERANCE)
+    bias_gradient = eager_gradients["mpnet.encoder.relative_attention_bias.weight"]
+    assert bias_gradient.abs().max() > 1e-3, "the bias must learn in the reference for the check to mean anything"
+    for name, gradient in eager_gradients.items():
+        assert torch.allclose(fused_gradients[name], gradient, atol=TOLERANCE), name
+
+
+def test_the_check_has_teeth_without_the_bias(tokenizer, monkeypatch):
+    """Dropping the relative-position bias (passing only the padding mask) is caught by the same comparison."""
+    model = tiny_mpnet(tokenizer)
+    batch = padded_batch(tokenizer)
+    eager_logits, _ = logits_and_gradients(model, batch, fused=False)
+    monkeypatch.setattr(
+        mpnet_attention, "_bias_and_padding_mask", lambda encoder, hidden, mask: mask.expand(-1, 4, -1, -1)
+    )
+    fused_logits, _ = logits_and_gradients(model, batch, fused=True)
+    assert not torch.allclose(fused_logits, eager_logits, atol=TOLERANCE)
+
+
+def test_bf16_autocast_stays_close_to_fp32(tokenizer):
+    model = tiny_mpnet(tokenizer).eval()
+    batch = padded_batch(tokenizer)
+    with torch.no_grad():
+        reference = model(**batch).logits
+        installed = FusedMPNetAttention(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fused = model(**batch).logits.float()
+        installed.remove()
+    assert torch.isfinite(fused).all()
+    assert torch.allclose(fused, reference, atol=0.05), (fused - reference).abs().max()
+
+
+def test_removed_it_leaves_a_stock_model_with_the_same_weights(tokenizer):
+    model = tiny_mpnet(tokenizer)
+    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    outer = FusedMPNetAttention(model)
+    inner = FusedMPNetAttention(model)  # a validation pass inside a training run
+    assert outer.installed and not inner.installed
+    inner.remove()
+    assert "forward" in vars(model.mpnet.encoder), "the inner removal must leave the run's installation"
+    outer.remove()
+    assert not any("forward" in vars(module) for module in model.modules())
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in weights.items())
+    # Attention weights come from the eager path, as before.
+    output = model(**padded_batch(tokenizer), output_attentions=True)
+    assert len(output.attentions) == 2
+
+
+def test_attention_weights_asked_for_while_fused_come_from_the_eager_path(tokenizer):
+    model = tiny_mpnet(tokenizer).eval()
+    batch = padded_batch(tokenizer)
+    expected = model(**batch, output_attentions=True)
+    installed = FusedMPNetAttention(model)
+    output = model(**batch, output_attentions=True)
+    installed.remove()
+    assert torch.allclose(output.logits, expected.logits, atol=TOLERANCE)
+    assert all(torch.allclose(a, b) for a, b in zip(output.attentions, expected.attentions, strict=True))
+
+
+def test_other_models_are_left_alone(tiny_model_dir):
+    from transformers import BertForSequenceClassification
+
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir)
+    assert not FusedMPNetAttention(model).installed
+    assert not any("forward" in vars(module) for module in model.modules())
+
+
+def test_biased_attention_with_dropout_is_unbiased():
+    """Averaged over draws, the CPU dropout path equals SDPA without dropout, the bias included."""
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(2, 2, 6, 4) for _ in range(3))
+    bias = torch.randn(1, 2, 6, 6)
+    exact = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=0.5)
+    draws = torch.stack([biased_attention_with_dropout(query, key, value, bias, 0.3, 0.5) for _ in range(4000)])
+    spread = draws.std(dim=0) / 4000**0.5
+    assert bool(((draws.mean(dim=0) - exact).abs() < 6 * spread + 1e-6).all())
+    unbiased = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=0.5)
+    assert not bool(((draws.mean(dim=0) - unbiased).abs() < 6 * spread + 1e-6).all())
+
+
+def reference_sgd_steps(model, dataset, collator, window_samples: int) -> torch.Tensor:
+    """One SGD(lr=1) step per window on all its samples at once, on transformers' eager MPNet."""
+    model = copy.deepcopy(model).train()
+    parameters = list(model.parameters())
+    for start in range(0, len(dataset), window_samples):
+        rows = range(start, min(start + window_samples, len(dataset)))
+        sgd_step(parameters, model(**collator([dataset[row] for row in rows])).loss)
+    return flat_parameters(model)
+
+
+@pytest.mark.parametrize("fused_attention", [True, False])
+def test_review_trainer_on_mpnet_equals_full_batch_steps(tokenizer, tmp_path, monkeypatch, fused_attention):
+    """ReviewTrainer trains MPNet through the fused path (validation too) and keeps the accumulation contract."""
+    calls = []
+    eager_forward = mpnet_attention.fused_mpnet_self_attention
+    monkeypatch.setattr(
+        mpnet_attention, "fused_mpnet_self_attention", lambda *a, **k: calls.append(1) or eager_forward(*a, **k)
+    )
+    model = tiny_mpnet(tokenizer)
+    dataset = review_dataset(tokenizer, 10)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_sgd_steps(model, dataset, collator, window_samples=6)
+    trained = copy.deepcopy(model)
+    args = sgd_args(tmp_path, 3, 2, fused_attention=fused_attention)
+    trainer = ReviewTrainer(model=trained, args=args, train_dataset=dataset, data_collator=collator)
+    trainer.train()
+    assert torch.allclose(flat_parameters(trained), reference, atol=TOLERANCE)
+    assert (len(calls) > 0) == fused_attention
+    calls.clear()
+    trainer.evaluate(dataset)
+    assert (len(calls) > 0) == fused_attention
+    assert not any("forward" in vars(module) for module in trained.modules()), "removed after the run"
+
+
+def test_predictions_equal_the_eager_model(tokenizer, monkeypatch):
+    calls = []
+    eager_forward = mpnet_attention.fused_mpnet_self_attention
+    monkeypatch.setattr(
+        mpnet_attention, "fused_mpnet_self_attention", lambda *a, **k: calls.append(1) or eager_forward(*a, **k)
+    )
+    model = tiny_mpnet(tokenizer, dropout=0.3).eval()  # dropout must be off when predicting
+    batch = padded_batch(tokenizer, samples=9)
+    rows = {
+        name: [ids[mask.bool()].tolist() for ids, mask in zip(batch[name], batch["attention_mask"], strict=True)]
+        for name in ("input_ids", "attention_mask")
+    }
+    predicted = _logits(model, tokenizer, rows, batch_size=4)
+    assert calls, "prediction must go through the fused attention"
+    with torch.no_grad():
+        expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.double()
+    assert torch.allclose(torch.from_numpy(predicted), expected, atol=TOLERANCE)
+    assert not any("forward" in vars(module) for module in model.modules())
