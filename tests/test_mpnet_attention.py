@@ -192,9 +192,9 @@ def test_predictions_equal_the_eager_model(tokenizer, monkeypatch):
         name: [ids[mask.bool()].tolist() for ids, mask in zip(batch[name], batch["attention_mask"], strict=True)]
         for name in ("input_ids", "attention_mask")
     }
+    with torch.no_grad():  # before prediction, which moves the model to a GPU where there is one
+        expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.double()
     predicted = _logits(model, tokenizer, rows, batch_size=4)
     assert calls, "prediction must go through the fused attention"
-    with torch.no_grad():
-        expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.double()
     assert torch.allclose(torch.from_numpy(predicted), expected, atol=TOLERANCE)
     assert not any("forward" in vars(module) for module in model.modules())
