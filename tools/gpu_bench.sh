@@ -14,7 +14,9 @@
 #      for MiniLM) against stock Trainer and the classic loop (targets: >= 2x stock, >= 1.2x classic)
 #   2. MFU on long reviews: MPNet, max_length 512, imdb reviews, a 16k-token budget (target: >= 40%)
 #   3. drugscom-mpnet.yaml end to end with its checkpoints (target: under 15 s a seed)
-#   4. the exactness (any split, packed, first tokens, bf16/fp16), host-sync and kill-and-resume tests on CUDA
+#   4. the exactness (any split, packed, first tokens, bf16/fp16, MPNet's fused attention), host-sync and
+#      kill-and-resume tests on CUDA
+# Before 1: MPNet's attention eager against fused (tools/attention_ab.py), a minute at most.
 # The models have random weights of the real models' shapes (their weights cannot travel, see gpu_prepare.sh):
 # speeds, MFU, memory and syncs are the real models'; scores are not, so the breakdown's scores mean nothing.
 set -uo pipefail
@@ -88,6 +90,10 @@ step() { # step NAME SECONDS COMMAND...: run unless the budget is spent, within 
 BENCH=(--device cuda --no_inference --bf16 true --updates 20)
 TOKENS=16384
 
+# MPNet's attention eager (transformers) against fused (SDPA, ReviewTrainer's default), one process, bf16: the lever
+# for MFU on long reviews (eager ran them at a fifteenth of the peak on 2026-11-28).
+step "attention A/B, MPNet bf16" 60 $PY tools/attention_ab.py --model $MPNET --device cuda --bf16 \
+  --lengths 128 512 --batch 32 --repeats 3
 step "bench MPNet bf16, recipe batch, ReviewTrainer by tokens" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml \
   "${BENCH[@]}" --model_name_or_path $MPNET --micro_batch_tokens $TOKENS --output $RESULTS/bench-mpnet-tokens.json
 step "bench MiniLM bf16, recipe batch, ReviewTrainer packed" 150 $PY -m finetune bench recipes/drugscom.yaml \
@@ -120,6 +126,6 @@ cp /tmp/run-mpnet-tokens/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-t
 step "exactness for any split, packing, first tokens, mixed precision, host syncs, resume on CUDA" 200 \
   env FINETUNE_TEST_DEVICE=cuda $PY -m pytest -v -p no:cacheprovider -p no:benchmark -n 4 --dist load --timeout 150 -rfE \
   --tb=short tests/test_exactness.py tests/test_any_split.py tests/test_packed_attention.py tests/test_first_tokens.py \
-  tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py \
+  tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py tests/test_mpnet_attention.py \
   "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 | tee $RESULTS/tests-cuda.txt
 echo "done in $((SECONDS - START))s"
