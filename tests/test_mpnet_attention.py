@@ -16,7 +16,9 @@ from transformers import DataCollatorWithPadding, MPNetConfig, MPNetForSequenceC
 import finetune.training.mpnet_attention as mpnet_attention
 from finetune import ReviewTrainer
 from finetune.evaluation.inference import _logits
+from finetune.training.micro_batches import pack
 from finetune.training.mpnet_attention import FusedMPNetAttention
+from finetune.training.packed_attention import PackedReading, packed_position_offset
 from finetune.training.review_attention import biased_attention_with_dropout
 
 TOLERANCE = 1e-5
@@ -198,3 +200,61 @@ def test_predictions_equal_the_eager_model(tokenizer, monkeypatch):
     assert calls, "prediction must go through the fused attention"
     assert torch.allclose(torch.from_numpy(predicted), expected, atol=TOLERANCE)
     assert not any("forward" in vars(module) for module in model.modules())
+
+
+# ---------------------------------------------------------------- packed rows (padding_free)
+
+
+def padded_and_packed_mpnet(model, tokenizer, position_offset: int):
+    """Logits and gradients of the eager model on a padded batch, and of the packed reading on the same reviews."""
+    batch = padded_batch(tokenizer)
+    results = [logits_and_gradients(model, batch, fused=False)]
+    packed_model = copy.deepcopy(model).train()
+    reading = PackedReading(packed_model)
+    output = packed_model(**pack(batch, position_offset=position_offset))
+    output.loss.backward()
+    reading.remove()
+    results.append((output.logits.detach(), {n: p.grad for n, p in packed_model.named_parameters()}))
+    return results
+
+
+def test_packed_rows_equal_the_eager_padded_batch(tokenizer):
+    model = tiny_mpnet(tokenizer)
+    offset = packed_position_offset(model)
+    assert offset == 2  # MPNet counts positions from its padding id (1) + 1
+    (logits, gradients), (packed_logits, packed_gradients) = padded_and_packed_mpnet(model, tokenizer, offset)
+    assert packed_logits.shape == logits.shape
+    assert torch.allclose(packed_logits, logits, atol=TOLERANCE)
+    assert gradients["mpnet.encoder.relative_attention_bias.weight"].abs().max() > 1e-3
+    for name, gradient in gradients.items():
+        assert torch.allclose(packed_gradients[name], gradient, atol=TOLERANCE), name
+
+
+def test_packed_rows_with_bert_s_positions_are_caught(tokenizer):
+    """The same comparison fails when positions count from 0, as BERT's do: the check sees positions."""
+    model = tiny_mpnet(tokenizer)
+    (logits, _), (packed_logits, _) = padded_and_packed_mpnet(model, tokenizer, position_offset=0)
+    assert not torch.allclose(packed_logits, logits, atol=TOLERANCE)
+
+
+def test_packed_reading_removed_leaves_no_hook_nor_forward(tokenizer):
+    model = tiny_mpnet(tokenizer)
+    reading = PackedReading(model)
+    assert model._forward_pre_hooks, "the packed layout is read by a pre-hook while installed"
+    reading.remove()
+    assert not model._forward_pre_hooks
+    assert not any("forward" in vars(module) for module in model.modules())
+
+
+@pytest.mark.parametrize("token_budget", [40, 100_000])
+def test_review_trainer_packs_mpnet_and_keeps_the_contract(tokenizer, tmp_path, token_budget):
+    """padding_free on MPNet: every update equals one full-batch step of the eager model on its window."""
+    model = tiny_mpnet(tokenizer)
+    dataset = review_dataset(tokenizer, 10)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_sgd_steps(model, dataset, collator, window_samples=6)
+    trained = copy.deepcopy(model)
+    args = sgd_args(tmp_path, 3, 2, padding_free=True, micro_batch_tokens=token_budget)
+    ReviewTrainer(model=trained, args=args, train_dataset=dataset, data_collator=collator).train()
+    assert torch.allclose(flat_parameters(trained), reference, atol=TOLERANCE)
+    assert not trained._forward_pre_hooks

@@ -121,7 +121,9 @@ def test_a_model_that_cannot_be_packed_is_refused_with_the_fix():
     model = DistilBertForSequenceClassification(
         DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=37)
     )
-    with pytest.raises(FinetuneError, match=r"padding_free works with BERT classifiers .* set padding_free: false"):
+    with pytest.raises(
+        FinetuneError, match=r"padding_free works with BERT and MPNet classifiers .* set padding_free: false"
+    ):
         PackedReading(model)
 
 

@@ -15,11 +15,18 @@ still learns (its gradient flows through the mask).
 run or a prediction and removes it after; the weights, and so the saved folder,
 are untouched. Asked for attention weights (``output_attentions``), a layer
 computes eagerly as before: SDPA does not return them.
+
+Packed rows (``padding_free``, :mod:`.micro_batches`) read through the same
+forward: each group of reviews of like length is gathered into a padded batch
+(the layout the packer made, every review from slot 0), so one bias of the
+group's width serves all its reviews, since MPNet's bias depends on the
+distance between two tokens, which packing does not change. The encoder
+then returns each review's first token, all MPNet's classification head reads.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -51,24 +58,67 @@ def fused_mpnet_self_attention(
 
     if output_attentions:
         return MPNetSelfAttention.forward(module, hidden_states, attention_mask, position_bias, output_attentions)
+    dropout = module.dropout.p if module.training else 0.0
+    if isinstance(position_bias, PackedGroups):
+        return (module.o(_packed_row_attention(module, hidden_states, position_bias, dropout)),)
     additive_mask = _summed_mask(position_bias, attention_mask)
     shape = (*hidden_states.shape[:-1], -1, module.attention_head_size)
     query, key, value = (
         projection(hidden_states).view(shape).transpose(1, 2) for projection in (module.q, module.k, module.v)
     )
-    if additive_mask is not None:
-        additive_mask = additive_mask.to(query.dtype)
-    dropout = module.dropout.p if module.training else 0.0
-    scaling = module.attention_head_size**-0.5
-    if dropout > 0 and query.device.type == "cpu":
-        # SDPA's CPU kernels do not take dropout: its unfused path would draw a float per weight.
-        context = biased_attention_with_dropout(query, key, value, additive_mask, dropout, scaling)
-    else:
-        context = nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=additive_mask, dropout_p=dropout, scale=scaling
-        )
+    context = _attention(query, key, value, additive_mask, dropout, module.attention_head_size**-0.5)
     context = context.transpose(1, 2).reshape(*hidden_states.shape[:-1], module.all_head_size)
     return (module.o(context),)
+
+
+def _attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    additive_mask: torch.Tensor | None,
+    dropout: float,
+    scaling: float,
+) -> torch.Tensor:
+    """SDPA of ``[reviews, heads, tokens, dim]`` with an additive mask, in the query's dtype."""
+    if additive_mask is not None:
+        additive_mask = additive_mask.to(query.dtype)
+    if dropout > 0 and query.device.type == "cpu":
+        # SDPA's CPU kernels do not take dropout: its unfused path would draw a float per weight.
+        return biased_attention_with_dropout(query, key, value, additive_mask, dropout, scaling)
+    return nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=additive_mask, dropout_p=dropout, scale=scaling
+    )
+
+
+class PackedGroups(NamedTuple):
+    """A packed row's groups of reviews (``micro_batches.attention_layout``), each with its additive mask."""
+
+    review_groups: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]
+    masks: tuple[torch.Tensor, ...]  # per group, [reviews, heads, width, width]: the bias plus the key mask
+    review_order: torch.Tensor  # puts the groups' real tokens back in row order
+
+
+def _packed_row_attention(
+    module: nn.Module, hidden_states: torch.Tensor, packed: PackedGroups, dropout: float
+) -> torch.Tensor:
+    """Attention within each review of a packed row ``[1, tokens, hidden]``, group by group; ``[1, tokens, hidden]``."""
+    heads, head_size = module.num_attention_heads, module.attention_head_size
+    # [tokens, heads, dim]: one row per token, to gather by token.
+    per_token = [
+        projection(hidden_states[0]).view(-1, heads, head_size) for projection in (module.q, module.k, module.v)
+    ]
+    outputs = []
+    for (token_index, _, real_slots), mask in zip(packed.review_groups, packed.masks, strict=True):
+        reviews, width = token_index.shape
+        # index_select, not indexing: its backward (index_add_) is several times faster on the CPU.
+        padded = [
+            row.index_select(0, token_index.flatten()).view(reviews, width, heads, head_size).transpose(1, 2)
+            for row in per_token
+        ]
+        context = _attention(*padded, mask, dropout, head_size**-0.5)
+        flat = context.transpose(1, 2).reshape(reviews * width, heads * head_size)
+        outputs.append(flat.index_select(0, real_slots))
+    return torch.cat(outputs).index_select(0, packed.review_order).unsqueeze(0)
 
 
 def _summed_mask(position_bias: torch.Tensor | None, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -78,10 +128,19 @@ def _summed_mask(position_bias: torch.Tensor | None, attention_mask: torch.Tenso
     return position_bias + attention_mask
 
 
-class FusedMPNetAttention:
-    """MPNet's attention computed by SDPA on ``model`` until :meth:`remove` (nothing happens for other models)."""
+# What a packed row carries besides its tokens (see micro_batches.pack); MPNet's own forward drops these.
+PACKED_LAYOUT_KEYS = ("review_groups", "review_order", "cu_seq_lens_q")
 
-    def __init__(self, model: nn.Module) -> None:
+
+class FusedMPNetAttention:
+    """MPNet's attention computed by SDPA on ``model`` until :meth:`remove` (nothing happens for other models).
+
+    With ``packed_rows``, a call to ``model`` with a packed row's layout
+    (``review_groups``, ...) is read per review, and the encoder returns each
+    review's first token; padded batches read as before.
+    """
+
+    def __init__(self, model: nn.Module, packed_rows: bool = False) -> None:
         from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
 
         # Encoders fused already (a validation pass inside a training run) are left to their installer.
@@ -92,10 +151,18 @@ class FusedMPNetAttention:
             for module in encoder.modules()
             if isinstance(module, MPNetSelfAttention)
         ]
+        # The classifier passes none of its extra keyword arguments down to the encoder, so the layout
+        # of the call under way is taken from the call itself, and read by the encoder.
+        self.layout: dict[str, Any] | None = None
+        self._hook = model.register_forward_pre_hook(self._note_layout, with_kwargs=True) if packed_rows else None
         for encoder in self._encoders:
-            encoder.forward = _fused_encoder_forward(encoder)
+            encoder.forward = _fused_encoder_forward(encoder, self)
         for module in self._attentions:
             module.forward = _bound(fused_mpnet_self_attention, module)
+
+    def _note_layout(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        packed = kwargs.get("review_groups") is not None
+        self.layout = {key: kwargs[key] for key in PACKED_LAYOUT_KEYS} if packed else None
 
     @property
     def installed(self) -> bool:
@@ -106,6 +173,8 @@ class FusedMPNetAttention:
         """Put transformers' eager attention back."""
         for module in [*self._encoders, *self._attentions]:
             del module.forward  # the instance attribute goes; the class's forward shows through again
+        if self._hook is not None:
+            self._hook.remove()
 
 
 def _bound(function: Any, module: nn.Module) -> Any:
@@ -117,8 +186,12 @@ def _bound(function: Any, module: nn.Module) -> Any:
     return forward
 
 
-def _fused_encoder_forward(encoder: nn.Module) -> Any:
-    """The encoder's forward with the bias and padding mask summed once, in the compute dtype, for all its layers."""
+def _fused_encoder_forward(encoder: nn.Module, installed: FusedMPNetAttention) -> Any:
+    """The encoder's forward with the bias and padding mask summed once, in the compute dtype, for all its layers.
+
+    A packed row (``installed.layout``) gets one mask per group of reviews, and
+    its output is each review's first token, ``[reviews, 1, hidden]``.
+    """
     stock_forward = type(encoder).forward
 
     def forward(
@@ -135,12 +208,39 @@ def _fused_encoder_forward(encoder: nn.Module) -> Any:
             )
         from transformers.modeling_outputs import BaseModelOutput
 
-        mask = _bias_and_padding_mask(encoder, hidden_states, attention_mask)
+        layout = installed.layout
+        if layout is None:
+            mask = _bias_and_padding_mask(encoder, hidden_states, attention_mask)
+        else:
+            mask = _packed_groups(encoder, hidden_states, layout)
         for layer in encoder.layer:
             hidden_states = layer(hidden_states, None, mask, **kwargs)[0]
+        if layout is not None:
+            # The head reads position 0 of each row: one row per review, its first token.
+            starts = layout["cu_seq_lens_q"][:-1].to(hidden_states.device, torch.long)
+            hidden_states = hidden_states[0].index_select(0, starts).unsqueeze(1)
         return BaseModelOutput(last_hidden_state=hidden_states) if return_dict else (hidden_states,)
 
     return forward
+
+
+def _packed_groups(encoder: nn.Module, hidden_states: torch.Tensor, layout: dict[str, Any]) -> PackedGroups:
+    """Each group's additive mask: the bias for its width (reviews start at slot 0) plus its key mask."""
+    device, dtype = hidden_states.device, _compute_dtype(hidden_states)
+    groups = tuple(tuple(tensor.to(device, non_blocking=True) for tensor in group) for group in layout["review_groups"])
+    masks = []
+    for token_index, key_mask, _ in groups:
+        width = token_index.shape[1]
+        bias = encoder.compute_position_bias(hidden_states[:1, :width])  # [1, heads, width, width], fp32
+        mask = bias.masked_fill(~key_mask[:, None, None, :], torch.finfo(bias.dtype).min)
+        masks.append(mask.clamp(min=torch.finfo(dtype).min).to(dtype))
+    return PackedGroups(groups, tuple(masks), layout["review_order"].to(device, non_blocking=True))
+
+
+def _compute_dtype(hidden_states: torch.Tensor) -> torch.dtype:
+    """The dtype of the layers' projections: autocast's where it is on, else the hidden states'."""
+    device_type = hidden_states.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden_states.dtype
 
 
 def _bias_and_padding_mask(
@@ -156,8 +256,6 @@ def _bias_and_padding_mask(
     length = hidden_states.shape[1]
     bias = encoder.compute_position_bias(hidden_states[:1])  # [1, heads, tokens, tokens], fp32
     summed = bias if attention_mask is None else bias + attention_mask
-    device_type = hidden_states.device.type
-    # Under autocast the layers' projections, and so SDPA's query, are in autocast's dtype.
-    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden_states.dtype
+    dtype = _compute_dtype(hidden_states)
     summed = summed.clamp(min=torch.finfo(dtype).min).to(dtype)
     return summed.expand(hidden_states.shape[0], -1, length, length)

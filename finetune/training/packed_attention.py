@@ -1,4 +1,4 @@
-"""Reading packed rows with a stock BERT: attention within each review, one output per review.
+"""Reading packed rows with a stock BERT or MPNet: attention within each review, one output per review.
 
 A packed piece (see :mod:`.micro_batches`) is one row of reviews end to end.
 Every layer but attention works token by token, so it computes the row as it
@@ -16,6 +16,10 @@ model for a run and removed after, so that the saved folder stays a plain
 - **the last layer** computes each review's first token only
   (:mod:`.first_tokens`): the head reads nothing else, and it turns the row
   into one output per review.
+- **MPNet** reads packed rows through :mod:`.mpnet_attention` instead (SDPA
+  per group of reviews, its relative-position bias in each group's mask, each
+  review's first token out of the encoder), with position ids counted from
+  its padding id + 1, as MPNet counts them.
 - **dropout on the CPU** draws its masks from 31 random bits per entry
   (:mod:`.review_attention`), several times cheaper than ``bernoulli_``; on a
   GPU the fused kernels stay.
@@ -33,11 +37,12 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import FinetuneError
 from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
+from .mpnet_attention import FusedMPNetAttention
 from .review_attention import attention, cheaper_dropout
 
-# Model types whose layers are all token-wise but attention, and whose attention goes through
-# AttentionInterface with absolute positions from position_ids (MPNet's relative bias does not).
-PACKABLE_MODEL_TYPES = ("bert",)
+# Model types whose layers are all token-wise but attention: BERT's attention goes through
+# AttentionInterface with absolute positions from position_ids; MPNet's (a relative bias) through mpnet_attention.
+PACKABLE_MODEL_TYPES = ("bert", "mpnet")
 PACKED_ATTENTION = "finetune_packed_sdpa"
 # Per group of reviews of like length: the row position of each padded slot, which slots are real, and
 # the real slots' flat indices (see micro_batches.attention_layout).
@@ -91,10 +96,12 @@ AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)
 def check_packable(model: nn.Module) -> None:
     """Refuse, with the fix, a model whose packed rows would not read as its padded batches."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type == "mpnet" and _classifier_name(model) == "MPNetForSequenceClassification":
+        return  # read through mpnet_attention, whatever attention it was loaded with
     if model_type not in PACKABLE_MODEL_TYPES or not reads_first_token_only(model):
         raise FinetuneError(
-            f"padding_free works with BERT classifiers (model_type {', '.join(PACKABLE_MODEL_TYPES)}) and this "
-            f"model is a {type(model).__name__} of type {model_type!r}; set padding_free: false "
+            f"padding_free works with BERT and MPNet classifiers (model_type {', '.join(PACKABLE_MODEL_TYPES)}) "
+            f"and this model is a {type(model).__name__} of type {model_type!r}; set padding_free: false "
             "(micro_batch_tokens alone still cuts padding by sorting)"
         )
     attention_implementation = model.config._attn_implementation
@@ -107,16 +114,36 @@ def check_packable(model: nn.Module) -> None:
     _encoder_of(model)
 
 
+def packed_position_offset(model: nn.Module) -> int:
+    """Where ``model``'s position ids start: MPNet (as RoBERTa) counts from its padding id + 1, BERT from 0."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    embeddings = getattr(getattr(inner, "base_model", None), "embeddings", None)
+    if getattr(getattr(model, "config", None), "model_type", None) == "mpnet" and embeddings is not None:
+        return int(embeddings.padding_idx) + 1
+    return 0
+
+
+def _classifier_name(model: nn.Module) -> str:
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return type(inner).__name__
+
+
 class PackedReading:
     """Packed rows read per review on ``model`` until :meth:`remove`; padded batches read as before."""
 
     def __init__(self, model: nn.Module) -> None:
         check_packable(model)  # refused, with the fix, before anything is changed
         self.model = model
-        self.original_attention = model.config._attn_implementation
-        model.set_attn_implementation(PACKED_ATTENTION)
-        # The last layer cuts a packed row to one output per review, the first tokens the head reads.
-        self._last_layer = LastLayerAtFirstTokens(model)
+        self._mpnet: FusedMPNetAttention | None = None
+        self._last_layer: LastLayerAtFirstTokens | None = None
+        if model.config.model_type == "mpnet":
+            # Attention per review group with MPNet's bias; the encoder returns each review's first token.
+            self._mpnet = FusedMPNetAttention(model, packed_rows=True)
+        else:
+            self.original_attention = model.config._attn_implementation
+            model.set_attn_implementation(PACKED_ATTENTION)
+            # The last layer cuts a packed row to one output per review, the first tokens the head reads.
+            self._last_layer = LastLayerAtFirstTokens(model)
         # The other dropouts draw their masks as attention's does (see dropout_keep): on the CPU,
         # bernoulli_ took 8% of a packed MiniLM step (docs/benchmarks/speed.md).
         self._dropouts = [module for module in model.modules() if isinstance(module, nn.Dropout)]
@@ -125,8 +152,11 @@ class PackedReading:
 
     def remove(self) -> None:
         """Put the model's own attention, last layer and dropout back."""
-        self.model.set_attn_implementation(self.original_attention)
-        self._last_layer.remove()
+        if self._mpnet is not None:
+            self._mpnet.remove()
+        if self._last_layer is not None:
+            self.model.set_attn_implementation(self.original_attention)
+            self._last_layer.remove()
         for module in self._dropouts:
             del module.forward  # the instance attribute goes; the class's forward shows through again
 

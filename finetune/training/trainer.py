@@ -82,7 +82,7 @@ from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
 from .micro_batches import cut_window, keep_features
 from .mpnet_attention import FusedMPNetAttention
-from .packed_attention import PackedReading
+from .packed_attention import PackedReading, packed_position_offset
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 # Trainer's own logger, so that the banner and warnings below follow transformers' verbosity
@@ -142,6 +142,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # MPNet's attention through SDPA (see mpnet_attention.py); stock TrainingArguments get it too.
         self.fused_attention: bool = bool(getattr(self.args, "fused_attention", True))
         self._piece_collator: Any = None  # the run's collator, applied to each piece once a window is cut
+        # A packed row's position ids start where the model's do (MPNet's after its padding id).
+        self._position_offset = packed_position_offset(self.model) if self.padding_free else 0
 
     @property
     def cuts_windows(self) -> bool:
@@ -562,7 +564,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
 
     def _cut_window(self, window: list[Any], token_budget: int | None) -> list[dict[str, Any]]:
         """The window's samples collated in pieces of at most ``token_budget`` tokens (packed with padding_free)."""
-        return cut_window(window, token_budget, self._piece_collator, self.padding_free)
+        return cut_window(window, token_budget, self._piece_collator, self.padding_free, self._position_offset)
 
     def _halve_token_budget(self, model: nn.Module, bar: EpochProgressBar) -> None:
         """After an out-of-memory error inside a window: drop its gradients, halve the budget, say so once."""
