@@ -99,7 +99,7 @@ step "bench MPNet bf16, recipe batch, ReviewTrainer by tokens" 120 $PY -m finetu
 step "bench MiniLM bf16, recipe batch, ReviewTrainer packed" 150 $PY -m finetune bench recipes/drugscom.yaml \
   "${BENCH[@]}" --micro_batch_tokens $TOKENS --padding_free true --output $RESULTS/bench-minilm-packed.json
 # MFU on long reviews: MPNet at max_length 512 on 640 imdb reviews (drawn by gpu_prepare.sh; median 230 MPNet
-# tokens, 17% cut at 512), 9 updates of 32 x 2, ReviewTrainer cutting each update into pieces of at most 16k
+# tokens, 17% cut at 512), 9 updates of 32 x 2, ReviewTrainer cutting each update into packed rows of at most 16k
 # tokens.
 cat > /tmp/long.yaml <<YAML
 model_name_or_path: /tmp/models/all-mpnet-base-v2
@@ -115,8 +115,10 @@ train_sampling_strategy: group_by_length
 learning_rate: 5.0e-5
 report_to: none
 YAML
-step "bench MPNet bf16 long reviews (MFU), ReviewTrainer by tokens" 150 $PY -m finetune bench /tmp/long.yaml \
-  --device cuda --no_inference --bf16 true --updates 9 --micro_batch_tokens $TOKENS --output $RESULTS/bench-mpnet-long.json
+# ReviewTrainer packed (padding_free reads MPNet since a7c13b8) and with MPNet's fused attention (its default).
+step "bench MPNet bf16 long reviews (MFU), ReviewTrainer packed" 150 $PY -m finetune bench /tmp/long.yaml \
+  --device cuda --no_inference --bf16 true --updates 9 --micro_batch_tokens $TOKENS --padding_free true \
+  --output $RESULTS/bench-mpnet-long.json
 step "train drugscom-mpnet bf16 by tokens, with its checkpoints (breakdown)" 120 $PY -m finetune train \
   recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --bf16 true --micro_batch_tokens $TOKENS \
   --output_dir /tmp/run-mpnet-tokens --disable_tqdm true
