@@ -52,7 +52,8 @@ def fused_mpnet_self_attention(
     """``MPNetSelfAttention.forward`` through SDPA: the same output, the bias and mask added to the scores.
 
     ``position_bias`` is what the fused encoder passes: the bias and the padding
-    mask summed, ``[reviews, heads, tokens, tokens]`` in the compute dtype.
+    mask summed, ``[reviews, heads, tokens, tokens]`` in the compute dtype, or
+    for a packed row its :class:`PackedGroups`.
     """
     from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
 
