@@ -75,6 +75,26 @@ def test_fused_logits_and_gradients_equal_the_eager_model(tokenizer):
         assert torch.allclose(fused_gradients[name], gradient, atol=TOLERANCE), name
 
 
+def test_through_the_classifier_the_last_layer_computes_first_tokens_only(tokenizer, monkeypatch):
+    """The head's forward takes the first-token path (same logits, tested above); the encoder called alone does not."""
+    calls = []
+    first_tokens = mpnet_attention._last_layer_at_first_tokens
+    monkeypatch.setattr(mpnet_attention, "_last_layer_at_first_tokens", lambda *a: calls.append(1) or first_tokens(*a))
+    model = tiny_mpnet(tokenizer).eval()
+    batch = padded_batch(tokenizer)
+    with torch.no_grad():
+        expected = model.mpnet(**{k: v for k, v in batch.items() if k != "labels"}).last_hidden_state
+        installed = FusedMPNetAttention(model)
+        model(**batch)
+        assert calls == [1]
+        # Called directly, the encoder's every token comes out, as the eager model's.
+        hidden = model.mpnet(**{k: v for k, v in batch.items() if k != "labels"}).last_hidden_state
+        installed.remove()
+    assert calls == [1]
+    assert hidden.shape == expected.shape
+    assert torch.allclose(hidden, expected, atol=TOLERANCE)
+
+
 def test_the_check_has_teeth_without_the_bias(tokenizer, monkeypatch):
     """Dropping the relative-position bias (passing only the padding mask) is caught by the same comparison."""
     model = tiny_mpnet(tokenizer)
@@ -110,6 +130,7 @@ def test_removed_it_leaves_a_stock_model_with_the_same_weights(tokenizer):
     assert "forward" in vars(model.mpnet.encoder), "the inner removal must leave the run's installation"
     outer.remove()
     assert not any("forward" in vars(module) for module in model.modules())
+    assert not model._forward_pre_hooks and not model._forward_hooks
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in weights.items())
     # Attention weights come from the eager path, as before.
     output = model(**padded_batch(tokenizer), output_attentions=True)
@@ -242,7 +263,7 @@ def test_packed_reading_removed_leaves_no_hook_nor_forward(tokenizer):
     reading = PackedReading(model)
     assert model._forward_pre_hooks, "the packed layout is read by a pre-hook while installed"
     reading.remove()
-    assert not model._forward_pre_hooks
+    assert not model._forward_pre_hooks and not model._forward_hooks
     assert not any("forward" in vars(module) for module in model.modules())
 
 

@@ -16,6 +16,13 @@ run or a prediction and removes it after; the weights, and so the saved folder,
 are untouched. Asked for attention weights (``output_attentions``), a layer
 computes eagerly as before: SDPA does not return them.
 
+Called through MPNet's classifier, whose head reads each review's first token
+and nothing else, the last layer computes that token only (queries, attention
+output and feed-forward; keys and values from every token, as before): about
+a twelfth of the model's work, with the same logits and gradients, as BERT's
+last layer does in :mod:`.first_tokens`. The encoder then returns
+``[reviews, 1, hidden]``; called directly, it returns every token as before.
+
 Packed rows (``padding_free``, :mod:`.micro_batches`) read through the same
 forward: each group of reviews of like length is gathered into a padded batch
 (the layout the packer made, every review from slot 0), so one bias of the
@@ -153,17 +160,29 @@ class FusedMPNetAttention:
             if isinstance(module, MPNetSelfAttention)
         ]
         # The classifier passes none of its extra keyword arguments down to the encoder, so the layout
-        # of the call under way is taken from the call itself, and read by the encoder.
+        # of the call under way is taken from the call itself, and read by the encoder. Hooks on the
+        # classifier also say when the encoder's output goes to its head, which reads first tokens only.
+        self.packed_rows = packed_rows
         self.layout: dict[str, Any] | None = None
-        self._hook = model.register_forward_pre_hook(self._note_layout, with_kwargs=True) if packed_rows else None
+        self.head_reads_first_tokens = False
+        self._hooks = []
+        if self._encoders and classifier_name(model) == "MPNetForSequenceClassification":
+            self._hooks = [
+                model.register_forward_pre_hook(self._call_begins, with_kwargs=True),
+                model.register_forward_hook(self._call_ends),
+            ]
         for encoder in self._encoders:
             encoder.forward = _fused_encoder_forward(encoder, self)
         for module in self._attentions:
             module.forward = _bound(fused_mpnet_self_attention, module)
 
-    def _note_layout(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        packed = kwargs.get("review_groups") is not None
+    def _call_begins(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        packed = self.packed_rows and kwargs.get("review_groups") is not None
         self.layout = {key: kwargs[key] for key in PACKED_LAYOUT_KEYS} if packed else None
+        self.head_reads_first_tokens = True
+
+    def _call_ends(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self.layout, self.head_reads_first_tokens = None, False
 
     @property
     def installed(self) -> bool:
@@ -174,8 +193,8 @@ class FusedMPNetAttention:
         """Put transformers' eager attention back."""
         for module in [*self._encoders, *self._attentions]:
             del module.forward  # the instance attribute goes; the class's forward shows through again
-        if self._hook is not None:
-            self._hook.remove()
+        for hook in self._hooks:
+            hook.remove()
 
 
 def _bound(function: Any, module: nn.Module) -> Any:
@@ -210,19 +229,52 @@ def _fused_encoder_forward(encoder: nn.Module, installed: FusedMPNetAttention) -
         from transformers.modeling_outputs import BaseModelOutput
 
         layout = installed.layout
-        if layout is None:
-            mask = _bias_and_padding_mask(encoder, hidden_states, attention_mask)
-        else:
-            mask = _packed_groups(encoder, hidden_states, layout)
-        for layer in encoder.layer:
-            hidden_states = layer(hidden_states, None, mask, **kwargs)[0]
         if layout is not None:
+            mask = _packed_groups(encoder, hidden_states, layout)
+            for layer in encoder.layer:
+                hidden_states = layer(hidden_states, None, mask, **kwargs)[0]
             # The head reads position 0 of each row: one row per review, its first token.
             starts = layout["cu_seq_lens_q"][:-1].to(hidden_states.device, torch.long)
             hidden_states = hidden_states[0].index_select(0, starts).unsqueeze(1)
+        else:
+            mask = _bias_and_padding_mask(encoder, hidden_states, attention_mask)
+            first_tokens_only = installed.head_reads_first_tokens
+            for layer in encoder.layer[:-1] if first_tokens_only else encoder.layer:
+                hidden_states = layer(hidden_states, None, mask, **kwargs)[0]
+            if first_tokens_only:
+                hidden_states = _last_layer_at_first_tokens(encoder.layer[-1], hidden_states, mask)
         return BaseModelOutput(last_hidden_state=hidden_states) if return_dict else (hidden_states,)
 
     return forward
+
+
+def _last_layer_at_first_tokens(layer: nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``MPNetLayer``'s output at each row's first token, ``[rows, 1, hidden]``: its query over every key."""
+    attention, self_attention = layer.attention, layer.attention.attn
+    heads, head_size = self_attention.num_attention_heads, self_attention.attention_head_size
+    first = hidden_states[:, :1]
+
+    def split_heads(states: torch.Tensor) -> torch.Tensor:
+        return states.view(*states.shape[:2], heads, head_size).transpose(1, 2)
+
+    dropout = self_attention.dropout.p if self_attention.training else 0.0
+    context = _attention(
+        split_heads(self_attention.q(first)),
+        split_heads(self_attention.k(hidden_states)),
+        split_heads(self_attention.v(hidden_states)),
+        mask[:, :, :1, :],  # the first query's row of the bias and padding mask
+        dropout,
+        head_size**-0.5,
+    )
+    context = context.transpose(1, 2).reshape(first.shape)
+    attention_output = attention.LayerNorm(attention.dropout(self_attention.o(context)) + first)
+    return layer.output(layer.intermediate(attention_output), attention_output)
+
+
+def classifier_name(model: nn.Module) -> str:
+    """The class name of ``model``, or of the model inside a PEFT wrapper."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return type(inner).__name__
 
 
 def _packed_groups(encoder: nn.Module, hidden_states: torch.Tensor, layout: dict[str, Any]) -> PackedGroups:

@@ -37,7 +37,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import FinetuneError
 from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
-from .mpnet_attention import FusedMPNetAttention
+from .mpnet_attention import FusedMPNetAttention, classifier_name
 from .review_attention import attention, cheaper_dropout
 
 # Model types whose layers are all token-wise but attention: BERT's attention goes through
@@ -96,7 +96,7 @@ AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)
 def check_packable(model: nn.Module) -> None:
     """Refuse, with the fix, a model whose packed rows would not read as its padded batches."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type == "mpnet" and _classifier_name(model) == "MPNetForSequenceClassification":
+    if model_type == "mpnet" and classifier_name(model) == "MPNetForSequenceClassification":
         return  # read through mpnet_attention, whatever attention it was loaded with
     if model_type not in PACKABLE_MODEL_TYPES or not reads_first_token_only(model):
         raise FinetuneError(
@@ -121,11 +121,6 @@ def packed_position_offset(model: nn.Module) -> int:
     if getattr(getattr(model, "config", None), "model_type", None) == "mpnet" and embeddings is not None:
         return int(embeddings.padding_idx) + 1
     return 0
-
-
-def _classifier_name(model: nn.Module) -> str:
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return type(inner).__name__
 
 
 class PackedReading:
