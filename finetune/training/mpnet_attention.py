@@ -27,8 +27,9 @@ Packed rows (``padding_free``, :mod:`.micro_batches`) read through the same
 forward: each group of reviews of like length is gathered into a padded batch
 (the layout the packer made, every review from slot 0), so one bias of the
 group's width serves all its reviews, since MPNet's bias depends on the
-distance between two tokens, which packing does not change. The encoder
-then returns each review's first token, all MPNet's classification head reads.
+distance between two tokens, which packing does not change. The last layer
+computes each review's first token only, and the encoder returns those, all
+MPNet's classification head reads.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def _summed_mask(position_bias: torch.Tensor | None, attention_mask: torch.Tenso
 
 
 # What a packed row carries besides its tokens (see micro_batches.pack); MPNet's own forward drops these.
-PACKED_LAYOUT_KEYS = ("review_groups", "review_order", "cu_seq_lens_q")
+PACKED_LAYOUT_KEYS = ("review_groups", "review_order", "first_token_order")
 
 
 class FusedMPNetAttention:
@@ -230,12 +231,14 @@ def _fused_encoder_forward(encoder: nn.Module, installed: FusedMPNetAttention) -
 
         layout = installed.layout
         if layout is not None:
-            mask = _packed_groups(encoder, hidden_states, layout)
-            for layer in encoder.layer:
-                hidden_states = layer(hidden_states, None, mask, **kwargs)[0]
+            packed = _packed_groups(encoder, hidden_states, layout)
+            for layer in encoder.layer[:-1]:
+                hidden_states = layer(hidden_states, None, packed, **kwargs)[0]
             # The head reads position 0 of each row: one row per review, its first token.
-            starts = layout["cu_seq_lens_q"][:-1].to(hidden_states.device, torch.long)
-            hidden_states = hidden_states[0].index_select(0, starts).unsqueeze(1)
+            first_token_order = layout["first_token_order"].to(hidden_states.device, non_blocking=True)
+            hidden_states = _packed_last_layer_at_first_tokens(
+                encoder.layer[-1], hidden_states, packed, first_token_order
+            )
         else:
             mask = _bias_and_padding_mask(encoder, hidden_states, attention_mask)
             first_tokens_only = installed.head_reads_first_tokens
@@ -250,7 +253,7 @@ def _fused_encoder_forward(encoder: nn.Module, installed: FusedMPNetAttention) -
 
 def _last_layer_at_first_tokens(layer: nn.Module, hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``MPNetLayer``'s output at each row's first token, ``[rows, 1, hidden]``: its query over every key."""
-    attention, self_attention = layer.attention, layer.attention.attn
+    self_attention = layer.attention.attn
     heads, head_size = self_attention.num_attention_heads, self_attention.attention_head_size
     first = hidden_states[:, :1]
 
@@ -266,8 +269,39 @@ def _last_layer_at_first_tokens(layer: nn.Module, hidden_states: torch.Tensor, m
         dropout,
         head_size**-0.5,
     )
-    context = context.transpose(1, 2).reshape(first.shape)
-    attention_output = attention.LayerNorm(attention.dropout(self_attention.o(context)) + first)
+    return _layer_output(layer, first, context.transpose(1, 2).reshape(first.shape))
+
+
+def _packed_last_layer_at_first_tokens(
+    layer: nn.Module, hidden_states: torch.Tensor, packed: PackedGroups, first_token_order: torch.Tensor
+) -> torch.Tensor:
+    """``MPNetLayer``'s output at each review's first token of a packed row, ``[reviews, 1, hidden]``, in row order."""
+    self_attention = layer.attention.attn
+    heads, head_size = self_attention.num_attention_heads, self_attention.attention_head_size
+    dropout = self_attention.dropout.p if self_attention.training else 0.0
+    tokens = hidden_states[0]
+    keys = self_attention.k(tokens).view(-1, heads, head_size)
+    values = self_attention.v(tokens).view(-1, heads, head_size)
+    firsts, contexts = [], []
+    for (token_index, _, _), mask in zip(packed.review_groups, packed.masks, strict=True):
+        reviews, width = token_index.shape
+        first = tokens.index_select(0, token_index[:, 0])  # a review's first slot is its first token
+        query = self_attention.q(first).view(reviews, 1, heads, head_size).transpose(1, 2)
+        padded = [
+            row.index_select(0, token_index.flatten()).view(reviews, width, heads, head_size).transpose(1, 2)
+            for row in (keys, values)
+        ]
+        context = _attention(query, *padded, mask[:, :, :1, :], dropout, head_size**-0.5)
+        firsts.append(first)
+        contexts.append(context.reshape(reviews, heads * head_size))
+    first = torch.cat(firsts).index_select(0, first_token_order).unsqueeze(1)
+    return _layer_output(layer, first, torch.cat(contexts).index_select(0, first_token_order).unsqueeze(1))
+
+
+def _layer_output(layer: nn.Module, first: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """The rest of ``MPNetLayer`` at first tokens: output projection, residual, norm, feed-forward."""
+    attention = layer.attention
+    attention_output = attention.LayerNorm(attention.dropout(attention.attn.o(context)) + first)
     return layer.output(layer.intermediate(attention_output), attention_output)
 
 
