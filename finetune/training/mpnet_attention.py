@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from .review_attention import biased_attention_with_dropout
+from .review_attention import attention_per_review, masked_attention
 
 
 def mpnet_encoders(model: nn.Module) -> list[nn.Module]:
@@ -75,28 +75,9 @@ def fused_mpnet_self_attention(
     query, key, value = (
         projection(hidden_states).view(shape).transpose(1, 2) for projection in (module.q, module.k, module.v)
     )
-    context = _attention(query, key, value, additive_mask, dropout, module.attention_head_size**-0.5)
+    context = masked_attention(query, key, value, additive_mask, dropout, module.attention_head_size**-0.5)
     context = context.transpose(1, 2).reshape(*hidden_states.shape[:-1], module.all_head_size)
     return (module.o(context),)
-
-
-def _attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    additive_mask: torch.Tensor | None,
-    dropout: float,
-    scaling: float,
-) -> torch.Tensor:
-    """SDPA of ``[reviews, heads, tokens, dim]`` with an additive mask, in the query's dtype."""
-    if additive_mask is not None:
-        additive_mask = additive_mask.to(query.dtype)
-    if dropout > 0 and query.device.type == "cpu":
-        # SDPA's CPU kernels do not take dropout: its unfused path would draw a float per weight.
-        return biased_attention_with_dropout(query, key, value, additive_mask, dropout, scaling)
-    return nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=additive_mask, dropout_p=dropout, scale=scaling
-    )
 
 
 class PackedGroups(NamedTuple):
@@ -112,22 +93,13 @@ def _packed_row_attention(
 ) -> torch.Tensor:
     """Attention within each review of a packed row ``[1, tokens, hidden]``, group by group; ``[1, tokens, hidden]``."""
     heads, head_size = module.num_attention_heads, module.attention_head_size
+    tokens = hidden_states[0]
     # [tokens, heads, dim]: one row per token, to gather by token.
-    per_token = [
-        projection(hidden_states[0]).view(-1, heads, head_size) for projection in (module.q, module.k, module.v)
-    ]
-    outputs = []
-    for (token_index, _, real_slots), mask in zip(packed.review_groups, packed.masks, strict=True):
-        reviews, width = token_index.shape
-        # index_select, not indexing: its backward (index_add_) is several times faster on the CPU.
-        padded = [
-            row.index_select(0, token_index.flatten()).view(reviews, width, heads, head_size).transpose(1, 2)
-            for row in per_token
-        ]
-        context = _attention(*padded, mask, dropout, head_size**-0.5)
-        flat = context.transpose(1, 2).reshape(reviews * width, heads * head_size)
-        outputs.append(flat.index_select(0, real_slots))
-    return torch.cat(outputs).index_select(0, packed.review_order).unsqueeze(0)
+    per_token = [projection(tokens).view(-1, heads, head_size) for projection in (module.q, module.k, module.v)]
+    context = attention_per_review(
+        per_token, packed.review_groups, list(packed.masks), packed.review_order, dropout, head_size**-0.5
+    )
+    return context.reshape(1, -1, heads * head_size)
 
 
 def _summed_mask(position_bias: torch.Tensor | None, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -261,7 +233,7 @@ def _last_layer_at_first_tokens(layer: nn.Module, hidden_states: torch.Tensor, m
         return states.view(*states.shape[:2], heads, head_size).transpose(1, 2)
 
     dropout = self_attention.dropout.p if self_attention.training else 0.0
-    context = _attention(
+    context = masked_attention(
         split_heads(self_attention.q(first)),
         split_heads(self_attention.k(hidden_states)),
         split_heads(self_attention.v(hidden_states)),
@@ -291,7 +263,7 @@ def _packed_last_layer_at_first_tokens(
             row.index_select(0, token_index.flatten()).view(reviews, width, heads, head_size).transpose(1, 2)
             for row in (keys, values)
         ]
-        context = _attention(query, *padded, mask[:, :, :1, :], dropout, head_size**-0.5)
+        context = masked_attention(query, *padded, mask[:, :, :1, :], dropout, head_size**-0.5)
         firsts.append(first)
         contexts.append(context.reshape(reviews, heads * head_size))
     first = torch.cat(firsts).index_select(0, first_token_order).unsqueeze(1)

@@ -38,7 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ..errors import FinetuneError
 from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
 from .mpnet_attention import FusedMPNetAttention, classifier_name
-from .review_attention import attention, cheaper_dropout
+from .review_attention import attention_per_review, cheaper_dropout
 
 # Model types whose layers are all token-wise but attention: BERT's attention goes through
 # AttentionInterface with absolute positions from position_ids; MPNet's (a relative bias) through mpnet_attention.
@@ -72,20 +72,9 @@ def packed_sdpa_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
     # [1, heads, tokens, dim] -> [tokens, heads, dim]: a token's row of every head, to gather by token.
     per_token = [row[0].transpose(0, 1) for row in (query, key, value)]
-    outputs = []
-    for token_index, key_mask, real_slots in review_groups:
-        reviews, width = token_index.shape
-        # [reviews, width, heads, dim] -> [reviews, heads, width, dim]. index_select, not indexing: its
-        # backward (index_add_) is several times faster on the CPU than indexing's (index_put_).
-        padded = [
-            row.index_select(0, token_index.flatten()).view(reviews, width, *row.shape[1:]).transpose(1, 2)
-            for row in per_token
-        ]
-        output = attention(*padded, key_mask, dropout, scaling)
-        # Back to one row per token, the padding slots left out.
-        flat = output.transpose(1, 2).reshape(reviews * width, *output.shape[1::2])
-        outputs.append(flat.index_select(0, real_slots))
-    return torch.cat(outputs).index_select(0, review_order).unsqueeze(0), None
+    key_masks = [key_mask[:, None, None, :] for _, key_mask, _ in review_groups]
+    output = attention_per_review(per_token, review_groups, key_masks, review_order, dropout, scaling)
+    return output.unsqueeze(0), None
 
 
 AttentionInterface.register(PACKED_ATTENTION, packed_sdpa_attention)

@@ -27,10 +27,29 @@ def attention(
     scaling: float,
 ) -> torch.Tensor:
     """SDPA of ``[reviews, heads, queries, dim]`` over each review's real keys (``key_mask``, ``[reviews, keys]``)."""
+    return masked_attention(query, key, value, key_mask[:, None, None, :], dropout, scaling)
+
+
+def masked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout: float,
+    scaling: float,
+) -> torch.Tensor:
+    """SDPA with ``mask`` (bool, True where a key is read; or float, added to the scores), cheaper dropout on a CPU."""
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(query.dtype)  # SDPA takes an additive mask in the query's dtype only
     if dropout > 0 and query.device.type == "cpu":
-        return attention_with_dropout(query, key, value, key_mask, dropout, scaling)
+        # SDPA's CPU kernels take no dropout: its unfused path would draw a float per weight.
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
+                ~mask, torch.finfo(query.dtype).min
+            )
+        return biased_attention_with_dropout(query, key, value, mask, dropout, scaling)
     return nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=key_mask[:, None, None, :], dropout_p=dropout, scale=scaling
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
     )
 
 
@@ -38,9 +57,38 @@ def attention_with_dropout(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, dropout: float, scaling: float
 ) -> torch.Tensor:
     """Attention over each review's real keys (``key_mask``) with dropout, as SDPA's unfused path, a cheaper mask."""
-    padding_bias = torch.zeros(key_mask.shape, dtype=query.dtype, device=query.device)
-    padding_bias.masked_fill_(~key_mask, torch.finfo(query.dtype).min)
-    return biased_attention_with_dropout(query, key, value, padding_bias[:, None, None, :], dropout, scaling)
+    return masked_attention(query, key, value, key_mask[:, None, None, :], dropout, scaling)
+
+
+def attention_per_review(
+    per_token: list[torch.Tensor],
+    review_groups: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...],
+    masks: list[torch.Tensor],
+    review_order: torch.Tensor,
+    dropout: float,
+    scaling: float,
+) -> torch.Tensor:
+    """Attention within each review of a packed row: ``per_token`` query, key, value ``[tokens, heads, dim]``.
+
+    Each group of reviews (``micro_batches.attention_layout``) is gathered into a
+    padded ``[reviews, heads, width, dim]`` batch and read with its mask (see
+    :func:`masked_attention`); the real tokens come back in row order,
+    ``[tokens, heads, dim]``.
+    """
+    outputs = []
+    for (token_index, _, real_slots), mask in zip(review_groups, masks, strict=True):
+        reviews, width = token_index.shape
+        # index_select, not indexing: its backward (index_add_) is several times faster on the CPU than
+        # indexing's (index_put_).
+        padded = [
+            row.index_select(0, token_index.flatten()).view(reviews, width, *row.shape[1:]).transpose(1, 2)
+            for row in per_token
+        ]
+        output = masked_attention(*padded, mask, dropout, scaling)
+        # Back to one row per token, the padding slots left out.
+        flat = output.transpose(1, 2).reshape(reviews * width, *output.shape[1::2])
+        outputs.append(flat.index_select(0, real_slots))
+    return torch.cat(outputs).index_select(0, review_order)
 
 
 def biased_attention_with_dropout(
