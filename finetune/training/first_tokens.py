@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .review_attention import attention
+from .review_attention import attention, first_token_attention_per_review
 
 # Classifiers whose head reads the encoder's first token only.
 FIRST_TOKEN_HEADS = ("BertForSequenceClassification",)
@@ -101,20 +101,15 @@ def _packed_first_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A packed row's first tokens and their attention context, ``[reviews, 1, hidden]`` each, in review order."""
     self_attention = layer.attention.self
-    heads, head_size = self_attention.num_attention_heads, self_attention.attention_head_size
-    keys = self_attention.key(tokens).view(-1, heads, head_size)
-    values = self_attention.value(tokens).view(-1, heads, head_size)
-    firsts, contexts = [], []
-    for token_index, key_mask, _ in groups:
-        reviews, width = token_index.shape
-        first = tokens.index_select(0, token_index[:, 0])  # a review's first slot is its first token
-        query = self_attention.query(first).view(reviews, heads, 1, head_size)
-        padded = [
-            row.index_select(0, token_index.flatten()).view(reviews, width, heads, head_size).transpose(1, 2)
-            for row in (keys, values)
-        ]
-        context = attention(query, *padded, key_mask, dropout, self_attention.scaling)
-        firsts.append(first)
-        contexts.append(context.reshape(reviews, heads * head_size))
-    first = torch.cat(firsts).index_select(0, first_token_order).unsqueeze(1)
-    return first, torch.cat(contexts).index_select(0, first_token_order).unsqueeze(1)
+    projections = (self_attention.query, self_attention.key, self_attention.value)
+    key_masks = [key_mask[:, None, None, :] for _, key_mask, _ in groups]
+    return first_token_attention_per_review(
+        tokens,
+        projections,
+        self_attention.num_attention_heads,
+        groups,
+        key_masks,
+        first_token_order,
+        dropout,
+        self_attention.scaling,
+    )

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from .review_attention import attention_per_review, masked_attention
+from .review_attention import attention_per_review, first_token_attention_per_review, masked_attention
 
 
 def mpnet_encoders(model: nn.Module) -> list[nn.Module]:
@@ -249,25 +249,18 @@ def _packed_last_layer_at_first_tokens(
 ) -> torch.Tensor:
     """``MPNetLayer``'s output at each review's first token of a packed row, ``[reviews, 1, hidden]``, in row order."""
     self_attention = layer.attention.attn
-    heads, head_size = self_attention.num_attention_heads, self_attention.attention_head_size
     dropout = self_attention.dropout.p if self_attention.training else 0.0
-    tokens = hidden_states[0]
-    keys = self_attention.k(tokens).view(-1, heads, head_size)
-    values = self_attention.v(tokens).view(-1, heads, head_size)
-    firsts, contexts = [], []
-    for (token_index, _, _), mask in zip(packed.review_groups, packed.masks, strict=True):
-        reviews, width = token_index.shape
-        first = tokens.index_select(0, token_index[:, 0])  # a review's first slot is its first token
-        query = self_attention.q(first).view(reviews, 1, heads, head_size).transpose(1, 2)
-        padded = [
-            row.index_select(0, token_index.flatten()).view(reviews, width, heads, head_size).transpose(1, 2)
-            for row in (keys, values)
-        ]
-        context = masked_attention(query, *padded, mask[:, :, :1, :], dropout, head_size**-0.5)
-        firsts.append(first)
-        contexts.append(context.reshape(reviews, heads * head_size))
-    first = torch.cat(firsts).index_select(0, first_token_order).unsqueeze(1)
-    return _layer_output(layer, first, torch.cat(contexts).index_select(0, first_token_order).unsqueeze(1))
+    first, context = first_token_attention_per_review(
+        hidden_states[0],
+        (self_attention.q, self_attention.k, self_attention.v),
+        self_attention.num_attention_heads,
+        packed.review_groups,
+        [mask[:, :, :1, :] for mask in packed.masks],  # the first query's row of each group's mask
+        first_token_order,
+        dropout,
+        self_attention.attention_head_size**-0.5,
+    )
+    return _layer_output(layer, first, context)
 
 
 def _layer_output(layer: nn.Module, first: torch.Tensor, context: torch.Tensor) -> torch.Tensor:

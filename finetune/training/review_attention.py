@@ -91,6 +91,43 @@ def attention_per_review(
     return torch.cat(outputs).index_select(0, review_order)
 
 
+def first_token_attention_per_review(
+    tokens: torch.Tensor,
+    projections: tuple[nn.Module, nn.Module, nn.Module],
+    heads: int,
+    review_groups: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...],
+    masks: list[torch.Tensor],
+    first_token_order: torch.Tensor,
+    dropout: float,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each review's first token of a packed row ``[tokens, hidden]`` and its attention context over the review.
+
+    ``projections`` are the layer's query, key and value; ``masks`` one per group
+    (see :func:`masked_attention`), for the first query's row. Both outputs
+    are ``[reviews, 1, hidden]``, in the row's review order (``first_token_order``).
+    """
+    query_projection, key_projection, value_projection = projections
+    keys, values = (
+        projection(tokens).view(tokens.shape[0], heads, -1) for projection in (key_projection, value_projection)
+    )
+    head_size = keys.shape[-1]
+    firsts, contexts = [], []
+    for (token_index, _, _), mask in zip(review_groups, masks, strict=True):
+        reviews, width = token_index.shape
+        first = tokens.index_select(0, token_index[:, 0])  # a review's first slot is its first token
+        query = query_projection(first).view(reviews, heads, 1, head_size)
+        padded = [
+            row.index_select(0, token_index.flatten()).view(reviews, width, heads, head_size).transpose(1, 2)
+            for row in (keys, values)
+        ]
+        context = masked_attention(query, *padded, mask, dropout, scaling)
+        firsts.append(first)
+        contexts.append(context.reshape(reviews, heads * head_size))
+    first = torch.cat(firsts).index_select(0, first_token_order).unsqueeze(1)
+    return first, torch.cat(contexts).index_select(0, first_token_order).unsqueeze(1)
+
+
 def biased_attention_with_dropout(
     query: torch.Tensor,
     key: torch.Tensor,
