@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,7 @@ from ..errors import FinetuneError
 from ..export.fallback import Int8WithFallback, read_fallback
 from ..export.onnxruntime import OnnxClassifier, is_onnx_folder, require_onnx_runtime
 from ..export.openvino import OpenVinoClassifier, is_openvino_folder, require_openvino
-from ..training.first_tokens import LastLayerAtFirstTokens, reads_first_token_only
-from ..training.mpnet_attention import FusedMPNetAttention
+from ..training.first_tokens import reading_first_tokens
 from .length_batches import CPU_PASS_COST_TOKENS, length_batches
 
 # Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.
@@ -172,11 +171,10 @@ def _logits(
     batches = length_batches([len(ids) for ids in rows["input_ids"]], batch_size, pass_cost)
     collator = DataCollatorWithPadding(tokenizer, return_tensors="np" if exported else "pt")
     logits = np.zeros((len(rows["input_ids"]), model.config.num_labels), dtype=np.float64)
-    # A BERT classifier's last layer computes only the first tokens its head reads (the same logits).
-    first_tokens = LastLayerAtFirstTokens(model) if not exported and reads_first_token_only(model) else None
-    # MPNet's attention through SDPA: the same logits, 1.2x (256 tokens) to 1.4x (512) as fast on 2 CPU cores.
-    fused = None if exported else FusedMPNetAttention(model)
-    with torch.inference_mode(), _removed_after(first_tokens), _removed_after(fused):
+    # The last layer computes only the first tokens the head reads, MPNet's attention goes through SDPA:
+    # the same logits (docs/speed.md).
+    reading = contextlib.nullcontext() if exported else reading_first_tokens(model)
+    with torch.inference_mode(), reading:
         for chosen in batches:
             batch = collator([{name: rows[name][row] for name in inputs} for row in chosen])
             if exported:
@@ -185,13 +183,3 @@ def _logits(
             output = model(**{name: value.to(device) for name, value in batch.items()}).logits
             logits[chosen] = output.double().cpu().numpy()
     return logits
-
-
-@contextlib.contextmanager
-def _removed_after(installed: Any) -> Iterator[None]:
-    """Remove ``installed`` (a change to a model with a ``remove()``, or None) when the block ends."""
-    try:
-        yield
-    finally:
-        if installed is not None:
-            installed.remove()

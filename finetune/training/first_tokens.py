@@ -20,6 +20,8 @@ run or a prediction and removed after.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,6 +37,28 @@ def reads_first_token_only(model: nn.Module) -> bool:
     """Whether ``model``'s head reads the encoder's output at position 0 only (a BERT classifier)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     return type(inner).__name__ in FIRST_TOKEN_HEADS and not getattr(inner.config, "is_decoder", False)
+
+
+@contextlib.contextmanager
+def reading_first_tokens(model: nn.Module, fused_attention: bool = True) -> Iterator[None]:
+    """``model`` read for its classifier's logits alone while the block runs: the same logits, less work.
+
+    A BERT classifier's last layer computes its first tokens only
+    (:class:`LastLayerAtFirstTokens`); an MPNet classifier's attention goes
+    through SDPA, its last layer at first tokens too (:mod:`.mpnet_attention`,
+    unless ``fused_attention`` is false). Other models are read as they are.
+    """
+    from .mpnet_attention import FusedMPNetAttention
+
+    if reads_first_token_only(model):
+        installed: Any = LastLayerAtFirstTokens(model)
+    else:
+        installed = FusedMPNetAttention(model) if fused_attention else None
+    try:
+        yield
+    finally:
+        if installed is not None:
+            installed.remove()
 
 
 class LastLayerAtFirstTokens:

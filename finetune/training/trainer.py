@@ -78,7 +78,7 @@ from .accumulation import (
 )
 from .checkpointing import CrashSafeCheckpoints
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
-from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
+from .first_tokens import reading_first_tokens
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
 from .micro_batches import cut_window, keep_features
 from .mpnet_attention import FusedMPNetAttention
@@ -196,15 +196,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         has it installed already, for training. MPNet's attention goes through
         SDPA (:mod:`.mpnet_attention`) unless ``fused_attention`` is false.
         """
-        model = self.accelerator.unwrap_model(self.model)
-        last_layer = LastLayerAtFirstTokens(model) if reads_first_token_only(model) else None
-        fused = FusedMPNetAttention(model) if self.fused_attention else None
-        try:
+        with reading_first_tokens(self.accelerator.unwrap_model(self.model), self.fused_attention):
             return super().evaluation_loop(dataloader, description, *args, **kwargs)
-        finally:
-            for installed in (last_layer, fused):
-                if installed is not None:
-                    installed.remove()
 
     # -------------------------------------------------------------- optimizer
 
