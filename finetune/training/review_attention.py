@@ -53,13 +53,6 @@ def masked_attention(
     )
 
 
-def attention_with_dropout(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, dropout: float, scaling: float
-) -> torch.Tensor:
-    """Attention over each review's real keys (``key_mask``) with dropout, as SDPA's unfused path, a cheaper mask."""
-    return masked_attention(query, key, value, key_mask[:, None, None, :], dropout, scaling)
-
-
 def attention_per_review(
     per_token: list[torch.Tensor],
     review_groups: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...],
