@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .layers import classifier_of
 from .review_attention import attention, first_token_attention_per_review
 
 # Classifiers whose head reads the encoder's first token only.
@@ -35,7 +36,7 @@ FIRST_TOKEN_HEADS = ("BertForSequenceClassification",)
 
 def reads_first_token_only(model: nn.Module) -> bool:
     """Whether ``model``'s head reads the encoder's output at position 0 only (a BERT classifier)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = classifier_of(model)
     return type(inner).__name__ in FIRST_TOKEN_HEADS and not getattr(inner.config, "is_decoder", False)
 
 
@@ -65,8 +66,7 @@ class LastLayerAtFirstTokens:
     """``model``'s last encoder layer computing first tokens only, until :meth:`remove`."""
 
     def __init__(self, model: nn.Module) -> None:
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-        layer = inner.base_model.encoder.layer[-1]
+        layer = classifier_of(model).base_model.encoder.layer[-1]
         # Installed already (evaluation inside a packed run): that one stays in charge, and removes itself.
         self.layer = None if "forward" in vars(layer) else layer
         if self.layer is not None:

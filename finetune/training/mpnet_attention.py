@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from .layers import classifier_of
 from .review_attention import attention_per_review, first_token_attention_per_review, masked_attention
 
 
@@ -272,8 +273,7 @@ def _layer_output(layer: nn.Module, first: torch.Tensor, context: torch.Tensor) 
 
 def classifier_name(model: nn.Module) -> str:
     """The class name of ``model``, or of the model inside a PEFT wrapper."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return type(inner).__name__
+    return type(classifier_of(model)).__name__
 
 
 def _packed_groups(encoder: nn.Module, hidden_states: torch.Tensor, layout: dict[str, Any]) -> PackedGroups:

@@ -37,6 +37,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import FinetuneError
 from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
+from .layers import classifier_of
 from .mpnet_attention import FusedMPNetAttention, classifier_name
 from .review_attention import attention_per_review, cheaper_dropout
 
@@ -105,8 +106,7 @@ def check_packable(model: nn.Module) -> None:
 
 def packed_position_offset(model: nn.Module) -> int:
     """Where ``model``'s position ids start: MPNet (as RoBERTa) counts from its padding id + 1, BERT from 0."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    embeddings = getattr(getattr(inner, "base_model", None), "embeddings", None)
+    embeddings = getattr(getattr(classifier_of(model), "base_model", None), "embeddings", None)
     if getattr(getattr(model, "config", None), "model_type", None) == "mpnet" and embeddings is not None:
         return int(embeddings.padding_idx) + 1
     return 0
@@ -147,7 +147,7 @@ class PackedReading:
 
 def _encoder_of(model: nn.Module) -> nn.Module:
     """The encoder stack of a BERT classifier (inside a PEFT wrapper too)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = classifier_of(model)
     encoder = getattr(getattr(inner, "base_model", None), "encoder", None)
     if encoder is None:
         raise FinetuneError(
