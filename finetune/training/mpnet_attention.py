@@ -64,9 +64,10 @@ def fused_mpnet_self_attention(
     mask summed, ``[reviews, heads, tokens, tokens]`` in the compute dtype, or
     for a packed row its :class:`PackedGroups`.
     """
-    from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
-
     if output_attentions:
+        # Per layer and forward: the import only where it is needed, not on every fused call.
+        from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
+
         return MPNetSelfAttention.forward(module, hidden_states, attention_mask, position_bias, output_attentions)
     dropout = module.dropout.p if module.training else 0.0
     if isinstance(position_bias, PackedGroups):
@@ -200,8 +201,6 @@ def _fused_encoder_forward(encoder: nn.Module, installed: FusedMPNetAttention) -
             return stock_forward(
                 encoder, hidden_states, attention_mask, output_attentions, output_hidden_states, return_dict, **kwargs
             )
-        from transformers.modeling_outputs import BaseModelOutput
-
         layout = installed.layout
         if layout is not None:
             packed = _packed_groups(encoder, hidden_states, layout)
@@ -219,7 +218,11 @@ def _fused_encoder_forward(encoder: nn.Module, installed: FusedMPNetAttention) -
                 hidden_states = layer(hidden_states, None, mask, **kwargs)[0]
             if first_tokens_only:
                 hidden_states = _last_layer_at_first_tokens(encoder.layer[-1], hidden_states, mask)
-        return BaseModelOutput(last_hidden_state=hidden_states) if return_dict else (hidden_states,)
+        if not return_dict:
+            return (hidden_states,)
+        from transformers.modeling_outputs import BaseModelOutput
+
+        return BaseModelOutput(last_hidden_state=hidden_states)
 
     return forward
 
