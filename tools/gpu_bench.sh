@@ -14,8 +14,8 @@
 #      for MiniLM) against stock Trainer and the classic loop (targets: >= 2x stock, >= 1.2x classic)
 #   2. MFU on long reviews: MPNet, max_length 512, imdb reviews, a 16k-token budget (target: >= 40%)
 #   3. drugscom-mpnet.yaml end to end with its checkpoints (target: under 15 s a seed)
-#   4. the exactness (any split, packed, first tokens, bf16/fp16, MPNet's fused attention), host-sync and
-#      kill-and-resume tests on CUDA
+#   4. the exactness (any split, packed, first tokens, bf16/fp16, MPNet's fused attention), host-sync, device-copy
+#      and kill-and-resume tests on CUDA
 # Before 1: MPNet's attention eager against fused (tools/attention_ab.py), a minute at most.
 # The models have random weights of the real models' shapes (their weights cannot travel, see gpu_prepare.sh):
 # speeds, MFU, memory and syncs are the real models'; scores are not, so the breakdown's scores mean nothing.
@@ -128,6 +128,6 @@ cp /tmp/run-mpnet-tokens/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-t
 step "exactness for any split, packing, first tokens, mixed precision, host syncs, resume on CUDA" 200 \
   env FINETUNE_TEST_DEVICE=cuda $PY -m pytest -v -p no:cacheprovider -p no:benchmark -n 4 --dist load --timeout 150 -rfE \
   --tb=short tests/test_exactness.py tests/test_any_split.py tests/test_packed_attention.py tests/test_first_tokens.py \
-  tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py tests/test_mpnet_attention.py \
+  tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py tests/test_mpnet_attention.py tests/test_device_copies.py \
   "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 | tee $RESULTS/tests-cuda.txt
 echo "done in $((SECONDS - START))s"

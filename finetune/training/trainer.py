@@ -77,6 +77,7 @@ from .accumulation import (
     updates_per_epoch,
 )
 from .checkpointing import CrashSafeCheckpoints
+from .device_copies import to_device_without_waiting
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
 from .first_tokens import reading_first_tokens
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
@@ -661,6 +662,19 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         elif self.args.include_num_input_tokens_seen != "no":
             # Trainer's token count gathers over processes on every micro-batch; join it with none.
             self.accelerator.gather(torch.zeros((), dtype=torch.int64, device=self.args.device))
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Trainer's, with host tensors copied to a GPU without a host sync (see ``device_copies``).
+
+        A window cut into pieces is collated on the host, piece by piece; a
+        plain copy of each of a piece's tensors would make the host wait for
+        every kernel queued before it. What the loader already moved (a window
+        taken as the loader made it, evaluation batches) is on the device and
+        left there.
+        """
+        if self.args.device.type == "cuda":
+            inputs = to_device_without_waiting(inputs, self.args.device)
+        return super()._prepare_inputs(inputs)
 
     def training_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
