@@ -52,7 +52,7 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
     # both the report and that split; ReviewTrainer at the recipe's settings: the class weights test below).
     recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
     own = ["--padding_free", "true", "--micro_batch_tokens=4096"]
-    status = main(["bench", recipe, "--updates", "2", "--output", str(output), *own])
+    status = main(["bench", recipe, "--updates", "2", "--output", str(output), "--count_ops", *own])
     assert status == 0
     report = json.loads(output.read_text())
     assert [row["system"] for row in report["systems"]] == ["ReviewTrainer", "stock Trainer", "classic loop"]
@@ -82,6 +82,8 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
     model_syncs = {row["system"]: row["model_host_syncs_per_update"] for row in report["systems"]}
     assert model_syncs == {"ReviewTrainer": 0, "stock Trainer": 2, "classic loop": 2}
     assert all("peak_gpu_memory_mib" not in row for row in report["systems"])
+    # --count_ops: every training system counted the operators it dispatched (in a run apart from the timed one).
+    assert all(row["dispatched_ops_per_update"] > 100 for row in report["systems"])
     # The classic loop pads every review to max_length; the others pad per batch.
     classic = report["systems"][2]
     assert classic["pad_fraction"] > max(row["pad_fraction"] for row in report["systems"][:2])
@@ -111,7 +113,7 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
     weights = prediction["vs_fp32"]["predict int8 weights only"]
     assert weights["speedup"] > 0 and 0.0 <= weights["agreement"] <= 1.0 and weights["backend"] == "openvino"
     text = capsys.readouterr().out
-    assert "| host syncs/update (loop + model) |" in text and "| ReviewTrainer |" in text
+    assert "| host syncs/update (loop + model) | dispatched ops/update |" in text and "| ReviewTrainer |" in text
     assert "ReviewTrainer also with --padding_free true --micro_batch_tokens 4096 (the others at the recipe's)" in text
     # Ratios come first, then the table.
     assert text.index("ReviewTrainer real tokens/s vs stock Trainer") < text.index("| system |")
@@ -304,3 +306,29 @@ def test_a_trainer_s_set_up_is_timed_apart_from_its_updates(tmp_path, tiny_model
     assert result["setup_seconds"] >= slow_start
     assert result["seconds"] > 0
     assert result["seconds"] + result["setup_seconds"] <= call_seconds
+
+
+def test_counted_operators_follow_the_forward_passes_an_update_makes(tmp_path, tiny_model_dir):
+    """--count_ops: one forward an update (a window cut by tokens) dispatches fewer operators than two.
+
+    Stock Trainer makes n = 2 forward and backward passes an update on the tiny recipe; ReviewTrainer with a
+    token budget that holds the whole window makes one, padded as stock pads: the same layers run half as
+    often, so it must count fewer operators, and a run that counts nothing reports none.
+    """
+    from finetune.commands.bench_systems import REVIEW_TRAINER, STOCK_TRAINER, _train_system
+
+    class Discard:
+        def put(self, item) -> None:
+            pass
+
+    specs = {spec.system: spec for spec in tiny_speed_specs(tmp_path, tiny_model_dir, updates=2)}
+    specs[REVIEW_TRAINER].extra_overrides = ["--micro_batch_tokens", "100000"]
+    counted = {}
+    for system in (REVIEW_TRAINER, STOCK_TRAINER):
+        specs[system].count_ops = True
+        result = _train_system(specs[system], Discard())
+        assert result["updates"] == 2
+        counted[system] = result["dispatched_ops"]
+    assert 0 < counted[REVIEW_TRAINER] < 0.75 * counted[STOCK_TRAINER]
+    specs[STOCK_TRAINER].count_ops = False
+    assert _train_system(specs[STOCK_TRAINER], Discard())["dispatched_ops"] is None

@@ -87,7 +87,9 @@ step() { # step NAME SECONDS COMMAND...: run unless the budget is spent, within 
 # Issue 47's figures, in order of priority. The recipe comes right after `bench` (its first positional argument),
 # these flags after it. ReviewTrainer alone takes --micro_batch_tokens and --padding_free (the others train at the
 # recipe's settings: micro-batch 8 x 2, length-grouped); bf16 for every system.
-BENCH=(--device cuda --no_inference --bf16 true --updates 20)
+# --count_ops: the operators (kernel launches) each system dispatches per update, counted in the run that counts
+# the syncs, not the timed one.
+BENCH=(--device cuda --no_inference --bf16 true --updates 20 --count_ops)
 TOKENS=16384
 
 # MPNet's attention eager (transformers) against fused (SDPA, ReviewTrainer's default), one process, bf16: the lever
@@ -117,7 +119,7 @@ report_to: none
 YAML
 # ReviewTrainer packed (padding_free reads MPNet since a7c13b8) and with MPNet's fused attention (its default).
 step "bench MPNet bf16 long reviews (MFU), ReviewTrainer packed" 150 $PY -m finetune bench /tmp/long.yaml \
-  --device cuda --no_inference --bf16 true --updates 9 --micro_batch_tokens $TOKENS --padding_free true \
+  --device cuda --no_inference --bf16 true --updates 9 --count_ops --micro_batch_tokens $TOKENS --padding_free true \
   --output $RESULTS/bench-mpnet-long.json
 step "train drugscom-mpnet bf16 by tokens, with its checkpoints (breakdown)" 120 $PY -m finetune train \
   recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --bf16 true --micro_batch_tokens $TOKENS \

@@ -74,10 +74,13 @@ def bench(
     memory: bool = False,
     inference: bool = True,
     device: str = "cpu",
+    count_ops: bool = False,
 ) -> dict[str, Any]:
     """Run the bench on ``recipe`` and return (and print, and save to ``output``) its report.
 
-    ``device`` is where the training systems run: ``cpu`` or ``cuda``.
+    ``device`` is where the training systems run: ``cpu`` or ``cuda``. With
+    ``count_ops`` each training system also counts the operators it dispatches
+    per update, in a run apart from the timed one.
     """
     import torch
 
@@ -97,7 +100,7 @@ def bench(
         bench_run = _BenchRun(recipe, overrides, ours, run, data, tokenizer, encoded, workdir, updates)
         specs = _memory_or_speed_specs(bench_run, memory, inference)
         class_weights = _class_weights(args, encoded, len(data.label_names))
-        results = _run_children(_on_device(specs, device, class_weights))
+        results = _run_children(_on_device(specs, device, class_weights, count_ops))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -139,10 +142,11 @@ def _read_once(run: Any) -> tuple[Any, Any, Any]:
     return data, tokenizer, encoded
 
 
-def _on_device(specs: list[SystemSpec], device: str, class_weights: Any) -> list[SystemSpec]:
-    """``specs`` set to run on ``device`` with the recipe's class weights (None: none)."""
+def _on_device(specs: list[SystemSpec], device: str, class_weights: Any, count_ops: bool = False) -> list[SystemSpec]:
+    """``specs`` set to run on ``device`` with the recipe's class weights (None: none), counting operators or not."""
     for spec in specs:
         spec.device = device
+        spec.count_ops = count_ops
         if class_weights is not None:
             spec.class_weights = [float(w) for w in class_weights]
     return specs
@@ -526,6 +530,12 @@ def _speed_row(result: dict[str, Any], model_shape: dict[str, int], gemm_peak: f
         "host_syncs_per_update": result["host_syncs"] / result["updates"],
         "model_host_syncs_per_update": result["model_host_syncs"] / result["updates"],
         **_gpu_fields(result),
+        # Operators dispatched per update: on a GPU, the kernel launches the host makes (--count_ops).
+        **(
+            {"dispatched_ops_per_update": result["dispatched_ops"] / result["updates"]}
+            if result.get("dispatched_ops") is not None
+            else {}
+        ),
     }
 
 
@@ -637,15 +647,18 @@ def format_speed_report(report: dict[str, Any]) -> str:
         lines.append(f"ReviewTrainer real tokens/s vs {name.split(' vs ')[1]}: {ratio:.2f}x")
     lines.append(f"same samples in every system: {'yes' if report['same_samples'] else 'NO'}")
     on_gpu = "peak_gpu_memory_mib" in report["systems"][0]
+    ops_counted = "dispatched_ops_per_update" in report["systems"][0]
     gpu_columns = " peak GPU MiB | CUDA syncs/update |" if on_gpu else ""
+    ops_column = " dispatched ops/update |" if ops_counted else ""
     lines += [
         "",
         "| system | seconds | set-up s | samples/s | real tokens/s | pad fraction | forward passes/update "
-        f"| peak RSS MiB | GFLOP/s | MFU | host syncs/update (loop + model) |{gpu_columns}",
-        "| --- " * (11 + 2 * on_gpu) + "|",
+        f"| peak RSS MiB | GFLOP/s | MFU | host syncs/update (loop + model) |{gpu_columns}{ops_column}",
+        "| --- " * (11 + 2 * on_gpu + ops_counted) + "|",
     ]
     for row in report["systems"]:
         gpu_cells = f" {row['peak_gpu_memory_mib']:.0f} | {row['cuda_syncs_per_update']:.1f} |" if on_gpu else ""
+        gpu_cells += f" {row['dispatched_ops_per_update']:.0f} |" if ops_counted else ""
         lines.append(
             f"| {row['system']} | {row['seconds']:.2f} | {row['setup_seconds']:.2f} | "
             f"{row['samples_per_second']:.2f} | "

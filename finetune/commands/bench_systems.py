@@ -50,6 +50,9 @@ class SystemSpec:
     # Count the syncs in a first run and time a second, uncounted one from the same weights and seed
     # (None: on a GPU, where counting costs more than small kernels; see _train_system).
     timed_apart: bool | None = None
+    # Count the operators each update dispatches (see training/dispatched_ops.py) in the counted run; a
+    # run that counts them is timed apart on the CPU too, since the counting costs a Python call per operator.
+    count_ops: bool = False
 
 
 def run_in_child(spec: SystemSpec, queue: Any) -> None:
@@ -183,6 +186,7 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     # weights and seed, with nothing patched, is timed. On the CPU the counting costs nothing next to the
     # matrix products: one run is counted and timed.
     timed_apart = on_gpu if spec.timed_apart is None else spec.timed_apart
+    timed_apart = timed_apart or spec.count_ops
     if timed_apart:
         initial_weights = {name: value.clone() for name, value in model.state_dict().items()}
         counted = _train_once(spec, run, model, samples, tokenizer, queue=None, counting=True)
@@ -200,6 +204,7 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         "host_syncs": counted["host_syncs"],
         "model_host_syncs": counted["model_host_syncs"],
         "cuda_syncs": counted["cuda_syncs"],
+        "dispatched_ops": counted["dispatched_ops"],
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
         "system": spec.system,
         "peak_rss_bytes": peak_rss_bytes(),
@@ -220,6 +225,7 @@ def _train_once(
     import torch
     from transformers import set_seed
 
+    from ..training.dispatched_ops import DispatchedOps
     from ..training.host_syncs import CudaSyncWarnings, HostReadsWindow, counting_host_reads
 
     args = run.training
@@ -232,12 +238,17 @@ def _train_once(
     computed = _ComputedTokens(model, spec.device)
     set_seed(args.seed)
     cuda_syncs = CudaSyncWarnings()
+    dispatched_ops = DispatchedOps()
     with contextlib.ExitStack() as stack:
         counters: tuple[Any, ...] = ()
         if counting:
             # Host syncs are counted during the run itself: the patched methods cost every system alike.
             host_reads = stack.enter_context(counting_host_reads(spec.device))
             counters = (host_reads, stack.enter_context(cuda_syncs.recording())) if on_gpu else (host_reads,)
+            if spec.count_ops:
+                counters = (*counters, dispatched_ops)
+                # Popped on every way out, so a failed run leaves no dispatch mode behind.
+                stack.callback(setattr, dispatched_ops, "counting", False)
         started = time.perf_counter()
         if spec.system == CLASSIC_LOOP:
             final_loss = _classic_loop(model, samples, collator, args, spec.updates, queue, spec.device, counters)
@@ -257,6 +268,7 @@ def _train_once(
         "host_syncs": host_reads.count if counting else None,
         "model_host_syncs": host_reads.model_count if counting else None,
         "cuda_syncs": cuda_syncs.count if counting and on_gpu else None,
+        "dispatched_ops": dispatched_ops.count if counting and spec.count_ops else None,
         "seconds": ended - training_started,
         "setup_seconds": training_started - started,
         "updates": updates,

@@ -27,6 +27,13 @@ class BenchOptions:
     memory: bool = option(False, help="peak memory of ReviewTrainer for n in 1, 4, 16 and 4b")
     no_inference: bool = option(False, help="skip the prediction throughput comparison")
     device: str = option("cpu", choices=("cpu", "cuda"), help="where the systems train (default: cpu)")
+    count_ops: bool = option(
+        False,
+        help=(
+            "also count the operators each training system dispatches per update (on a GPU, its kernel "
+            "launches: the host's work when the GPU waits for it), in a run apart from the timed one"
+        ),
+    )
     scaling: bool = option(
         False,
         help=(
@@ -53,6 +60,11 @@ class BenchOptions:
 
 def run(options: BenchOptions, extra: list[str]) -> None:
     """The scaling bench with ``--scaling``, else the systems' bench; flags of the other one are refused."""
+    if options.count_ops and (options.scaling or options.memory):
+        raise FinetuneError(
+            f"--count_ops is for the training systems' bench, not --{'scaling' if options.scaling else 'memory'}; "
+            "run them one at a time"
+        )
     if options.scaling:
         if options.memory:
             raise FinetuneError("--scaling and --memory are two benches; run them one at a time")
@@ -88,6 +100,7 @@ def run(options: BenchOptions, extra: list[str]) -> None:
         memory=options.memory,
         inference=not options.no_inference,
         device=options.device,
+        count_ops=options.count_ops,
     )
 
 
