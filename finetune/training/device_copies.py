@@ -6,8 +6,8 @@ synchronization behavior": a stream sync before a pageable copy starts), and
 PyTorch's plain ``tensor.to("cuda")`` waits for the copy itself too. A piece
 cut from a window is collated on the host, so each of its tensors (a packed
 piece has a dozen: token ids, positions, labels, the attention groups'
-indices) would stall the GPU's queue once per piece, and the host could not
-prepare the next piece while the GPU computes this one. Copied from pinned
+indices) would make the host wait for the GPU's queue to drain, and the host
+could not prepare the next piece while the GPU computes this one. Copied from pinned
 (page-locked) memory with ``non_blocking=True``, a copy is queued behind the
 kernels like any other work: the caching host allocator keeps the pinned
 source alive until the copy has run, and the model's kernels, queued after it

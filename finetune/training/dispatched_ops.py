@@ -3,8 +3,10 @@
 Where a GPU finishes an update's kernels faster than Python can queue them
 (short reviews, a small model), the host's work sets the pace: an update
 costs about its operator count times the host's cost per operator (tens of
-microseconds in eager PyTorch). That count does not depend on the device,
-so it can be measured on a CPU and compared between systems there.
+microseconds in eager PyTorch). The count follows the code, not the
+device's speed, so systems can be compared by it on a CPU too; where the code
+takes device-specific paths (SDPA's CPU math path, CPU-only dropout masks)
+the CPU's count is not the GPU's.
 ``DispatchedOps`` counts every ATen operator call (forward, backward,
 optimizer, views included) while ``counting`` is on, through a
 ``TorchDispatchMode`` pushed only for that span; the mode costs a Python
