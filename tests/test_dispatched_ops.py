@@ -1,8 +1,13 @@
-"""The operator counter: each ATen call counted while on, none while off, and no dispatch mode left behind."""
+"""The operator counter: each ATen call counted while on, none while off, and no dispatch mode left behind.
+
+With ``FINETUNE_TEST_DEVICE=cuda`` the backward's operators are counted on the GPU, where autograd runs
+them on its own thread (``tools/gpu_bench.sh``).
+"""
 
 from __future__ import annotations
 
 import torch
+from helpers import TEST_ON_CPU
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from finetune.training.dispatched_ops import DispatchedOps
@@ -27,7 +32,7 @@ def test_counts_each_operator_while_counting_and_leaves_no_mode_behind():
 
 
 def test_backward_operators_are_counted_too():
-    weight = torch.ones(4, requires_grad=True)
+    weight = torch.ones(4, requires_grad=True, device="cpu" if TEST_ON_CPU else "cuda")
     ops = DispatchedOps()
     ops.counting = True
     (weight * 3.0).sum().backward()

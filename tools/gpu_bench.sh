@@ -130,6 +130,6 @@ cp /tmp/run-mpnet-tokens/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-t
 step "exactness for any split, packing, first tokens, mixed precision, host syncs, resume on CUDA" 200 \
   env FINETUNE_TEST_DEVICE=cuda $PY -m pytest -v -p no:cacheprovider -p no:benchmark -n 4 --dist load --timeout 150 -rfE \
   --tb=short tests/test_exactness.py tests/test_any_split.py tests/test_packed_attention.py tests/test_first_tokens.py \
-  tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py tests/test_mpnet_attention.py tests/test_device_copies.py \
+  tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py tests/test_mpnet_attention.py tests/test_device_copies.py tests/test_dispatched_ops.py \
   "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 | tee $RESULTS/tests-cuda.txt
 echo "done in $((SECONDS - START))s"
