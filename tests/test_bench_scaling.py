@@ -193,6 +193,7 @@ def test_the_synthetic_reviews_are_seeded_varied_and_learnable(tmp_path):
         (["--sizes", "0.6,1"], "--sizes span 1.67x (408 to 680 reviews), too little to tell growth from noise"),
         (["--max_reviews", "1"], "--max_reviews must be >= 2 (got 1)"),
         (["--memory"], "--scaling and --memory are two benches"),
+        (["--count_ops"], "--count_ops is for the training systems' bench, not --scaling; run them one at a time"),
         (["--learning_rat", "1e-3"], "unknown flag '--learning_rat'; did you mean 'learning_rate'?"),
     ],
 )
@@ -212,6 +213,9 @@ def test_bad_scaling_sources_are_one_line(tmp_path, tiny_model_dir, capsys):
     )
     assert (
         run_cli(["bench"], capsys) == "error: finetune bench needs a recipe, e.g. finetune bench recipes/drugscom.yaml"
+    )
+    assert run_cli(["bench", recipe, "--memory", "--count_ops"], capsys) == (
+        "error: --count_ops is for the training systems' bench, not --memory; run them one at a time"
     )
     missing = tmp_path / "missing.csv"
     assert run_cli(["bench", missing, "--scaling"], capsys) == (

@@ -227,6 +227,21 @@ CASES = [
             "memory": False,
             "inference": True,
             "device": "cpu",
+            "count_ops": False,
+        },
+    ),
+    (
+        "bench r.yaml --count_ops --no_inference",
+        "bench:bench",
+        {
+            "recipe": "r.yaml",
+            "overrides": [],
+            "updates": 20,
+            "output": None,
+            "memory": False,
+            "inference": False,
+            "device": "cpu",
+            "count_ops": True,
         },
     ),
     (
@@ -243,6 +258,7 @@ CASES = [
             "memory": True,
             "inference": False,
             "device": "cuda",
+            "count_ops": False,
         },
     ),
     (

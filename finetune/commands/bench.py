@@ -78,9 +78,7 @@ def bench(
 ) -> dict[str, Any]:
     """Run the bench on ``recipe`` and return (and print, and save to ``output``) its report.
 
-    ``device`` is where the training systems run: ``cpu`` or ``cuda``. With
-    ``count_ops`` each training system also counts the operators it dispatches
-    per update, in a run apart from the timed one.
+    ``device``: where the training systems run. ``count_ops``: count their operators too (in a run apart).
     """
     import torch
 

@@ -225,8 +225,7 @@ def _train_once(
     import torch
     from transformers import set_seed
 
-    from ..training.dispatched_ops import DispatchedOps
-    from ..training.host_syncs import CudaSyncWarnings, HostReadsWindow, counting_host_reads
+    from ..training.host_syncs import HostReadsWindow
 
     args = run.training
     on_gpu = spec.device == "cuda"
@@ -237,18 +236,10 @@ def _train_once(
     # pack the collated batches again, so the collator's count would not be what ran.
     computed = _ComputedTokens(model, spec.device)
     set_seed(args.seed)
-    cuda_syncs = CudaSyncWarnings()
-    dispatched_ops = DispatchedOps()
     with contextlib.ExitStack() as stack:
-        counters: tuple[Any, ...] = ()
-        if counting:
-            # Host syncs are counted during the run itself: the patched methods cost every system alike.
-            host_reads = stack.enter_context(counting_host_reads(spec.device))
-            counters = (host_reads, stack.enter_context(cuda_syncs.recording())) if on_gpu else (host_reads,)
-            if spec.count_ops:
-                counters = (*counters, dispatched_ops)
-                # Popped on every way out, so a failed run leaves no dispatch mode behind.
-                stack.callback(setattr, dispatched_ops, "counting", False)
+        # Host syncs are counted during the run itself: the patched methods cost every system alike.
+        counts = _start_counting(stack, spec) if counting else _Counts()
+        counters = counts.counters
         started = time.perf_counter()
         if spec.system == CLASSIC_LOOP:
             final_loss = _classic_loop(model, samples, collator, args, spec.updates, queue, spec.device, counters)
@@ -265,10 +256,7 @@ def _train_once(
     training_started = computed.first_forward_at if computed.first_forward_at is not None else started
 
     return {
-        "host_syncs": host_reads.count if counting else None,
-        "model_host_syncs": host_reads.model_count if counting else None,
-        "cuda_syncs": cuda_syncs.count if counting and on_gpu else None,
-        "dispatched_ops": dispatched_ops.count if counting and spec.count_ops else None,
+        **counts.fields(),
         "seconds": ended - training_started,
         "setup_seconds": training_started - started,
         "updates": updates,
@@ -280,6 +268,44 @@ def _train_once(
         "forward_passes": computed.forward_passes,
         "train_loss": float(final_loss),
     }
+
+
+@dataclass
+class _Counts:
+    """What a counted run counts: host reads, CUDA's own syncs (on a GPU), operators (``count_ops``); None: not."""
+
+    host_reads: Any = None
+    cuda_syncs: Any = None
+    dispatched_ops: Any = None
+
+    @property
+    def counters(self) -> tuple[Any, ...]:
+        """The counters to switch on and off around the updates (a ``HostReadsWindow``'s)."""
+        return tuple(c for c in (self.host_reads, self.cuda_syncs, self.dispatched_ops) if c is not None)
+
+    def fields(self) -> dict[str, int | None]:
+        """The counts as a run's result fields."""
+        return {
+            "host_syncs": None if self.host_reads is None else self.host_reads.count,
+            "model_host_syncs": None if self.host_reads is None else self.host_reads.model_count,
+            "cuda_syncs": None if self.cuda_syncs is None else self.cuda_syncs.count,
+            "dispatched_ops": None if self.dispatched_ops is None else self.dispatched_ops.count,
+        }
+
+
+def _start_counting(stack: contextlib.ExitStack, spec: SystemSpec) -> _Counts:
+    """The counters for a counted run of ``spec``, each undone by ``stack`` on every way out."""
+    from ..training.dispatched_ops import DispatchedOps
+    from ..training.host_syncs import CudaSyncWarnings, counting_host_reads
+
+    counts = _Counts(host_reads=stack.enter_context(counting_host_reads(spec.device)))
+    if spec.device == "cuda":
+        counts.cuda_syncs = stack.enter_context(CudaSyncWarnings().recording())
+    if spec.count_ops:
+        counts.dispatched_ops = DispatchedOps()
+        # Popped on every way out, so a failed run leaves no dispatch mode behind.
+        stack.callback(setattr, counts.dispatched_ops, "counting", False)
+    return counts
 
 
 def _trainer_run(
