@@ -131,3 +131,26 @@ def test_a_packed_review_trainer_run_syncs_at_most_once_per_update(tiny_model_di
         )
         assert trainer.train().global_step == updates
     assert syncs.count / updates <= 1
+
+
+def test_review_trainer_sends_each_tensor_of_a_piece_through_once_on_cuda(tokenizer, tiny_model_dir, tmp_path):
+    # On the CPU the trainer's device is made to read "cuda" and the copy is recorded, not made: Trainer's own
+    # walk of the piece brings every tensor to the copy once, and nothing else (ints stay as they are).
+    from unittest import mock
+
+    from finetune.training import trainer as trainer_module
+
+    piece = _packed_piece(tokenizer)
+    tensors = [leaf for _, leaf in _leaves(piece) if isinstance(leaf, torch.Tensor)]
+    trainer = ReviewTrainer(
+        model=BertForSequenceClassification.from_pretrained(tiny_model_dir), args=quiet_args(tmp_path)
+    )
+    copied = []
+    with (
+        mock.patch.object(type(trainer.args), "device", torch.device("cuda")),
+        mock.patch.object(trainer_module, "to_device_without_waiting", lambda t, device: copied.append(t) or t),
+        mock.patch.object(torch.Tensor, "to", lambda tensor, *args, **kwargs: tensor),
+    ):
+        moved = trainer._prepare_inputs(piece)
+    assert len(copied) == len(tensors) and all(any(t is c for c in copied) for t in tensors)
+    assert [path for path, _ in _leaves(moved)] == [path for path, _ in _leaves(piece)]

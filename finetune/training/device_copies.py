@@ -22,6 +22,11 @@ import torch
 from accelerate.utils import recursively_apply, send_to_device
 
 
+def _copied_without_waiting(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``: from pinned memory and without blocking when it is on the host."""
+    return _pinned(tensor).to(device, non_blocking=True)
+
+
 def _pinned(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` in pinned host memory: a host tensor is copied there, any other is left as it is."""
     if tensor.device.type != "cpu" or tensor.is_pinned():
@@ -40,4 +45,4 @@ def to_device_without_waiting(data: Any, device: torch.device) -> Any:
     device = torch.device(device)
     if device.type != "cuda":
         return send_to_device(data, device)
-    return send_to_device(recursively_apply(_pinned, data), device, non_blocking=True)
+    return recursively_apply(_copied_without_waiting, data, device)

@@ -663,18 +663,20 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             # Trainer's token count gathers over processes on every micro-batch; join it with none.
             self.accelerator.gather(torch.zeros((), dtype=torch.int64, device=self.args.device))
 
-    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """Trainer's, with host tensors copied to a GPU without a host sync (see ``device_copies``).
+    def _prepare_input(self, data: Any) -> Any:
+        """Trainer's, with a host tensor copied to a GPU without a host sync (see ``device_copies``).
 
-        A window cut into pieces is collated on the host, piece by piece; a
-        plain copy of each of a piece's tensors would make the host wait for
-        every kernel queued before it. What the loader already moved (a window
-        taken as the loader made it, evaluation batches) is on the device and
-        left there.
+        Trainer walks a batch's dicts, lists and tuples through this method, so
+        each tensor comes here once. A window cut into pieces is collated on the
+        host, piece by piece; a plain copy of each of a piece's tensors would
+        make the host wait for every kernel queued before it. What the loader
+        already moved (a window taken as the loader made it, evaluation
+        batches) is on the device and left there; Trainer's DeepSpeed dtype
+        cast still follows.
         """
-        if self.args.device.type == "cuda":
-            inputs = to_device_without_waiting(inputs, self.args.device)
-        return super()._prepare_inputs(inputs)
+        if isinstance(data, torch.Tensor) and self.args.device.type == "cuda":
+            data = to_device_without_waiting(data, self.args.device)
+        return super()._prepare_input(data)
 
     def training_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None

@@ -43,7 +43,7 @@ TRAINER_MEMBERS: tuple[TrainerMember, ...] = (
     ),
     TrainerMember("_get_train_sampler", "overridden", ("train_dataset",), "training/trainer.py: length grouping"),
     TrainerMember(
-        "_prepare_inputs", "overridden", ("inputs",), "training/trainer.py: host tensors copied to a GPU without a sync"
+        "_prepare_input", "overridden", ("data",), "training/trainer.py: host tensors copied to a GPU without a sync"
     ),
     TrainerMember(
         "_maybe_log_save_evaluate",
@@ -90,6 +90,7 @@ TRAINER_MEMBERS: tuple[TrainerMember, ...] = (
     TrainerMember("_determine_best_metric", "called", ("metrics", "trial"), "training/trainer.py"),
     TrainerMember("_clip_grad_norm", "called", ("model",), "training/trainer.py"),
     TrainerMember("_get_grad_norm", "called", ("model", "grad_norm"), "training/trainer.py"),
+    TrainerMember("_prepare_inputs", "called", ("inputs",), "training/trainer.py"),
     TrainerMember("_track_num_input_tokens", "called", ("inputs",), "training/trainer.py"),
     TrainerMember("_load_best_model", "called", (), "training/trainer.py"),
     TrainerMember("_finish_current_push", "called", (), "training/trainer.py"),
