@@ -33,6 +33,18 @@ SERVE_DEFAULTS = {
     "reload_on_change": False,
 }
 
+# What `finetune bench r.yaml` passes when no flag is given.
+BENCH_DEFAULTS = {
+    "recipe": "r.yaml",
+    "overrides": [],
+    "updates": 20,
+    "output": None,
+    "memory": False,
+    "inference": True,
+    "device": "cpu",
+    "count_ops": False,
+}
+
 # (command line, "module:function" it must call, the arguments that call binds to its parameters)
 CASES = [
     ("train r.yaml --seed 3", "train:train", {"recipe": "r.yaml", "overrides": ["--seed", "3"]}),
@@ -216,33 +228,11 @@ CASES = [
             "reload_on_change": True,
         },
     ),
-    (
-        "bench r.yaml",
-        "bench:bench",
-        {
-            "recipe": "r.yaml",
-            "overrides": [],
-            "updates": 20,
-            "output": None,
-            "memory": False,
-            "inference": True,
-            "device": "cpu",
-            "count_ops": False,
-        },
-    ),
+    ("bench r.yaml", "bench:bench", BENCH_DEFAULTS),
     (
         "bench r.yaml --count_ops --no_inference",
         "bench:bench",
-        {
-            "recipe": "r.yaml",
-            "overrides": [],
-            "updates": 20,
-            "output": None,
-            "memory": False,
-            "inference": False,
-            "device": "cpu",
-            "count_ops": True,
-        },
+        {**BENCH_DEFAULTS, "inference": False, "count_ops": True},
     ),
     (
         (
