@@ -553,6 +553,13 @@ class FinetuneTrainingArguments(TrainingArguments):
                 f"micro_batch_tokens must be >= 1 (got {self.micro_batch_tokens}); try 4096, or leave it out "
                 "to cut updates by per_device_train_batch_size"
             )
+        if self.padding_free and self.torch_compile:  # set by the parent's __post_init__ from a backend or mode too
+            # Each packed row has its own attention layout (groups of reviews of like length): compiled,
+            # it made a new graph nearly every update (74 graphs in 12 updates of the tiny recipe).
+            raise FinetuneError(
+                "torch_compile cannot compile packed rows (a new graph for nearly every update); with "
+                "torch_compile set padding_free: false and keep micro_batch_tokens, whose padded pieces compile once"
+            )
         if self.freeze_encoder_updates < 0:
             raise FinetuneError(
                 f"freeze_encoder_updates must be >= 0 (got {self.freeze_encoder_updates}); try 20, or 0 for none"

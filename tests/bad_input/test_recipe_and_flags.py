@@ -131,6 +131,12 @@ def test_real_process_exits_2_without_traceback(argv):
             [],
             "label_smoothing_factor must be in [0, 1) (got 1.5); try 0.1, or 0 for none",
         ),
+        (
+            {"padding_free": "true"},
+            ["--torch_compile_backend", "aot_eager"],
+            "torch_compile cannot compile packed rows (a new graph for nearly every update); with torch_compile "
+            "set padding_free: false and keep micro_batch_tokens, whose padded pieces compile once",
+        ),
     ],
     ids=[
         "lr-nan",
@@ -151,6 +157,7 @@ def test_real_process_exits_2_without_traceback(argv):
         "data-seed-negative",
         "seeds-past-the-largest",
         "label-smoothing-past-1",
+        "packed-and-compiled",
     ],
 )
 def test_recipe_values_refused_before_anything_is_read(tmp_path, tiny_model_dir, capsys, fields, flags, message):
