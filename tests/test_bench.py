@@ -332,3 +332,26 @@ def test_counted_operators_follow_the_forward_passes_an_update_makes(tmp_path, t
     assert 0 < counted[REVIEW_TRAINER] < 0.75 * counted[STOCK_TRAINER]
     specs[STOCK_TRAINER].count_ops = False
     assert _train_system(specs[STOCK_TRAINER], Discard())["dispatched_ops"] is None
+
+
+def test_compiled_systems_are_compiled_in_an_untimed_run_first(tmp_path, tiny_model_dir):
+    """With torch_compile every system (the classic loop too) is compiled, before its timed run, from the same weights.
+
+    The timed run must compile nothing (its seconds would include compiling) and train as the uncompiled run does.
+    """
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from finetune.commands.bench_systems import _Discard, _train_system
+
+    for spec in tiny_speed_specs(tmp_path, tiny_model_dir, updates=2):
+        plain = _train_system(spec, _Discard())
+        assert plain["graphs_compiled_while_timed"] is None
+        torch._dynamo.reset()
+        spec.overrides = [*spec.overrides, "--torch_compile_backend", "aot_eager"]
+        before = counters["stats"]["unique_graphs"]
+        compiled = _train_system(spec, _Discard())
+        assert counters["stats"]["unique_graphs"] > before, spec.system
+        assert compiled["graphs_compiled_while_timed"] == 0, spec.system
+        assert compiled["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-5), spec.system
+        assert compiled["sample_ids"] == plain["sample_ids"]

@@ -109,6 +109,7 @@ def bench(
         "mode": "memory" if memory else "speed",
         "device": device if device == "cpu" else f"cuda: {torch.cuda.get_device_name()}",
         "precision": precision,
+        "compiled": _compiled(args),
         "class_weights": class_weights,
         "updates": updates,
         "micro_batch": args.per_device_train_batch_size,
@@ -126,6 +127,13 @@ def bench(
         write_output_text(output, json.dumps(report, indent=2) + "\n", instead=OUTPUT_FLAG)
         print(f"saved to {output}", file=sys.stderr)
     return report
+
+
+def _compiled(args: Any) -> str | None:
+    """How the recipe has the systems compiled (``torch.compile``'s backend and mode), or None."""
+    if not args.torch_compile:
+        return None
+    return f"torch.compile, backend {args.torch_compile_backend}, mode {args.torch_compile_mode or 'default'}"
 
 
 def _read_once(run: Any) -> tuple[Any, Any, Any]:
@@ -528,6 +536,7 @@ def _speed_row(result: dict[str, Any], model_shape: dict[str, int], gemm_peak: f
         "host_syncs_per_update": result["host_syncs"] / result["updates"],
         "model_host_syncs_per_update": result["model_host_syncs"] / result["updates"],
         **_gpu_fields(result),
+        "graphs_compiled_while_timed": result.get("graphs_compiled_while_timed"),
         # Operators dispatched per update: on a GPU, the kernel launches the host makes (--count_ops).
         **(
             {"dispatched_ops_per_update": result["dispatched_ops"] / result["updates"]}
@@ -635,6 +644,11 @@ def format_speed_report(report: dict[str, Any]) -> str:
         f"GEMM peak {report['gemm_peak_gflops']:.0f} GFLOP/s",
         f"device {report['device']}, {report['precision']}",
         *(
+            [f"every system compiled ({report['compiled']}), each in an untimed run first"]
+            if report.get("compiled")
+            else []
+        ),
+        *(
             [f"ReviewTrainer also with {' '.join(report['review_trainer_overrides'])} (the others at the recipe's)"]
             if report.get("review_trainer_overrides")
             else []
@@ -644,6 +658,12 @@ def format_speed_report(report: dict[str, Any]) -> str:
     for name, ratio in report["ratios"].items():
         lines.append(f"ReviewTrainer real tokens/s vs {name.split(' vs ')[1]}: {ratio:.2f}x")
     lines.append(f"same samples in every system: {'yes' if report['same_samples'] else 'NO'}")
+    for row in report["systems"]:
+        if row.get("graphs_compiled_while_timed"):
+            lines.append(
+                f"warning: {row['system']} compiled {row['graphs_compiled_while_timed']} graphs while timed; "
+                "its seconds include compiling"
+            )
     on_gpu = "peak_gpu_memory_mib" in report["systems"][0]
     ops_counted = "dispatched_ops_per_update" in report["systems"][0]
     gpu_columns = " peak GPU MiB | CUDA syncs/update |" if on_gpu else ""

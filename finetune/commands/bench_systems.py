@@ -187,14 +187,19 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     # matrix products: one run is counted and timed.
     timed_apart = on_gpu if spec.timed_apart is None else spec.timed_apart
     timed_apart = timed_apart or spec.count_ops
+    initial_weights = {name: value.clone() for name, value in model.state_dict().items()}
     if timed_apart:
-        initial_weights = {name: value.clone() for name, value in model.state_dict().items()}
         counted = _train_once(spec, run, model, samples, tokenizer, queue=None, counting=True)
-        model.load_state_dict(initial_weights)
-        model.zero_grad(set_to_none=True)
+        _restore(model, initial_weights)
+    if args.torch_compile:
+        # Compiling takes seconds to minutes a graph, once a process: a plain run compiles (the counted run's
+        # patched tensor methods and dispatch mode may not give the same graphs), and the timed run reuses them.
+        _train_once(spec, run, model, samples, tokenizer, queue=None, counting=False)
+        _restore(model, initial_weights)
     if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    graphs_before = _graphs_compiled()
     timed = _train_once(spec, run, model, samples, tokenizer, queue, counting=not timed_apart)
     if not timed_apart:
         counted = timed
@@ -205,6 +210,8 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         "model_host_syncs": counted["model_host_syncs"],
         "cuda_syncs": counted["cuda_syncs"],
         "dispatched_ops": counted["dispatched_ops"],
+        # Graphs compiled during the timed run: its seconds include compiling them (none, once warmed up).
+        "graphs_compiled_while_timed": _graphs_compiled() - graphs_before if args.torch_compile else None,
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
         "system": spec.system,
         "peak_rss_bytes": peak_rss_bytes(),
@@ -213,6 +220,19 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "threads": torch.get_num_threads(),
     }
+
+
+def _graphs_compiled() -> int:
+    """Graphs ``torch.compile`` has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def _restore(model: Any, weights: dict[str, Any]) -> None:
+    """``model`` back to ``weights``, with no gradient left: the next run starts where the first did."""
+    model.load_state_dict(weights)
+    model.zero_grad(set_to_none=True)
 
 
 def _train_once(
@@ -396,6 +416,8 @@ def _classic_loop(
     )
     model.to(device)
     optimizer, scheduler = _classic_optimizer(model, args, updates)
+    if args.torch_compile:  # as the trainers are compiled (by Accelerate), with the recipe's backend and mode
+        model = torch.compile(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode)
     precision = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
     scaler = torch.amp.GradScaler(device, enabled=args.fp16)
     criterion = torch.nn.CrossEntropyLoss()
