@@ -197,6 +197,16 @@ def test_cuda_without_a_gpu_is_a_one_line_error(tmp_path, tiny_model_dir, capsys
     ]
 
 
+def test_counting_operators_of_compiled_systems_is_a_one_line_error(tmp_path, tiny_model_dir, capsys):
+    recipe = str(tiny_bench_recipe(tmp_path, tiny_model_dir))
+    assert main(["bench", recipe, "--count_ops", "--torch_compile_backend", "aot_eager"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "error: --count_ops counts operators eagerly (a dispatch mode turns torch.compile off), so compiled "
+        "systems would be counted uncompiled; drop --count_ops or torch_compile"
+    )
+
+
 def test_too_many_updates_is_a_one_line_error(tmp_path, tiny_model_dir, capsys):
     assert main(["bench", str(tiny_bench_recipe(tmp_path, tiny_model_dir)), "--updates", "1000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -334,24 +344,56 @@ def test_counted_operators_follow_the_forward_passes_an_update_makes(tmp_path, t
     assert _train_system(specs[STOCK_TRAINER], Discard())["dispatched_ops"] is None
 
 
-def test_compiled_systems_are_compiled_in_an_untimed_run_first(tmp_path, tiny_model_dir):
+COMPILED_CALLS = []
+
+
+def counting_backend(graph, example_inputs):
+    """aot_eager, counting each call of a compiled graph: whether a run ran compiled code."""
+    from torch._dynamo.backends.debugging import aot_eager
+
+    compiled = aot_eager(graph, example_inputs)  # the registry's entry is replaced, not this function
+
+    def call(*args):
+        COMPILED_CALLS.append(1)
+        return compiled(*args)
+
+    return call
+
+
+@pytest.mark.parametrize("timed_apart", [False, True], ids=["counted-and-timed", "counted-apart"])
+def test_compiled_systems_are_compiled_in_an_untimed_run_first(tmp_path, tiny_model_dir, monkeypatch, timed_apart):
     """With torch_compile every system (the classic loop too) is compiled, before its timed run, from the same weights.
 
-    The timed run must compile nothing (its seconds would include compiling) and train as the uncompiled run does.
+    The timed run must compile nothing (its seconds would include compiling), run compiled code, and train as
+    the uncompiled run does; also when syncs are counted in a run of their own first (as on a GPU).
     """
     import torch._dynamo
+    from torch._dynamo.backends import registry
     from torch._dynamo.utils import counters
 
-    from finetune.commands.bench_systems import _Discard, _train_system
+    from finetune.commands.bench_systems import _train_system
 
-    for spec in tiny_speed_specs(tmp_path, tiny_model_dir, updates=2):
-        plain = _train_system(spec, _Discard())
+    registry.lookup_backend("aot_eager")  # registered on first use
+    monkeypatch.setitem(registry._COMPILER_FNS, "aot_eager", counting_backend)  # Accelerate takes known names only
+
+    class CallsWhileTimed:  # the timed run alone reports progress: calls from its first update on
+        def __init__(self) -> None:
+            self.at_first_update = None
+
+        def put(self, item) -> None:
+            self.at_first_update = self.at_first_update or len(COMPILED_CALLS)
+
+    for spec in tiny_speed_specs(tmp_path, tiny_model_dir, updates=3):
+        spec.timed_apart = timed_apart
+        plain = _train_system(spec, CallsWhileTimed())
         assert plain["graphs_compiled_while_timed"] is None
         torch._dynamo.reset()
         spec.overrides = [*spec.overrides, "--torch_compile_backend", "aot_eager"]
         before = counters["stats"]["unique_graphs"]
-        compiled = _train_system(spec, _Discard())
+        timed = CallsWhileTimed()
+        compiled = _train_system(spec, timed)
         assert counters["stats"]["unique_graphs"] > before, spec.system
         assert compiled["graphs_compiled_while_timed"] == 0, spec.system
+        assert len(COMPILED_CALLS) > timed.at_first_update, f"{spec.system}'s timed run ran uncompiled"
         assert compiled["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-5), spec.system
         assert compiled["sample_ids"] == plain["sample_ids"]

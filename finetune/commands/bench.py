@@ -89,6 +89,12 @@ def bench(
     run = load_recipe(recipe, overrides)
     load_recipe(recipe, overrides + ours)  # checks ReviewTrainer's own settings before anything runs
     args = run.training
+    if count_ops and args.torch_compile:
+        # Under a dispatch mode torch.compile runs the model eagerly: the count would be the uncompiled one's.
+        raise FinetuneError(
+            "--count_ops counts operators eagerly (a dispatch mode turns torch.compile off), so compiled "
+            "systems would be counted uncompiled; drop --count_ops or torch_compile"
+        )
     data, tokenizer, encoded = _read_once(run)
     model_shape = _model_shape(run, len(data.label_names))
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"

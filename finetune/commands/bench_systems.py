@@ -188,13 +188,13 @@ def _train_system(spec: SystemSpec, queue: Any) -> dict[str, Any]:
     timed_apart = on_gpu if spec.timed_apart is None else spec.timed_apart
     timed_apart = timed_apart or spec.count_ops
     initial_weights = {name: value.clone() for name, value in model.state_dict().items()}
+    if args.torch_compile:
+        # Compiling takes seconds to minutes a graph, once a process: a plain run compiles, first, so that
+        # the graphs are traced without the counters' patches, and the timed run reuses them.
+        _train_once(spec, run, model, samples, tokenizer, queue=None, counting=False)
+        _restore(model, initial_weights)
     if timed_apart:
         counted = _train_once(spec, run, model, samples, tokenizer, queue=None, counting=True)
-        _restore(model, initial_weights)
-    if args.torch_compile:
-        # Compiling takes seconds to minutes a graph, once a process: a plain run compiles (the counted run's
-        # patched tensor methods and dispatch mode may not give the same graphs), and the timed run reuses them.
-        _train_once(spec, run, model, samples, tokenizer, queue=None, counting=False)
         _restore(model, initial_weights)
     if on_gpu:
         torch.cuda.synchronize()
@@ -337,6 +337,10 @@ def _trainer_run(
     from ..training.trainer import ReviewTrainer
 
     review_trainer = spec.system == REVIEW_TRAINER
+    # Accelerate marks a model it prepared and hands it back as it is the next time: a second run on the same
+    # model (the timed one after the counted or warm-up run) would not be compiled, with torch_compile. Each
+    # run prepares it afresh, as a run in a fresh process does.
+    vars(model).pop("_is_accelerate_prepared", None)
     trainer = (ReviewTrainer if review_trainer else Trainer)(
         model=model,
         args=args,
@@ -361,7 +365,10 @@ class _ComputedTokens:
         self.forward_passes = 0
         self.first_forward_at: float | None = None
         self._device = device
-        self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
+        import torch
+
+        # Left out of a compiled model's graph: traced, the hook's counts became guards, a new graph a forward.
+        self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._count), with_kwargs=True)
 
     def _count(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
