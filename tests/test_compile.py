@@ -85,9 +85,9 @@ def test_compiled_mpnet_keeps_the_contract_and_evaluates(tokenizer, tmp_path):
     trainer.train()
     assert graphs_compiled() > before
     assert torch.allclose(flat_parameters(trained), reference, atol=1e-5)
-    eager_loss = torch.nn.functional.cross_entropy(
-        trained.eval()(**{k: v for k, v in collator(list(dataset)).items() if k != "labels"}).logits,
-        torch.tensor(dataset["labels"]),
-    )
+    batch = {key: value.to(trained.device) for key, value in collator(list(dataset)).items()}  # CUDA: on the GPU
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        eager_loss = torch.nn.functional.cross_entropy(trained.eval()(**batch).logits, labels)
     assert trainer.evaluate(dataset)["eval_loss"] == pytest.approx(float(eager_loss), abs=1e-5)
     assert not any("forward" in vars(module) for module in trained.modules()), "removed after the run"

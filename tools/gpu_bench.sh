@@ -10,13 +10,17 @@
 #
 # What comes back under $OUT: log.txt (everything printed) and results.tar.gz (each bench's JSON, the breakdown's
 # report/metrics.json, the CUDA test log). In order of priority (issue 47's GPU targets):
-#   1. finetune bench --device cuda, bf16, at the recipe's batch: ReviewTrainer with micro_batch_tokens (MPNet; packed
-#      for MiniLM) against stock Trainer and the classic loop (targets: >= 2x stock, >= 1.2x classic)
-#   2. MFU on long reviews: MPNet, max_length 512, imdb reviews, a 16k-token budget (target: >= 40%)
-#   3. drugscom-mpnet.yaml end to end with its checkpoints (target: under 15 s a seed)
-#   4. the exactness (any split, packed, first tokens, bf16/fp16, MPNet's fused attention), host-sync, device-copy
-#      and kill-and-resume tests on CUDA
-# Before 1: MPNet's attention eager against fused (tools/attention_ab.py), a minute at most.
+#   1. finetune bench --device cuda, bf16, at the recipe's batch: ReviewTrainer with micro_batch_tokens (MPNet)
+#      against stock Trainer and the classic loop (targets: >= 2x stock, >= 1.2x classic), eager, then every
+#      system compiled
+#   2. the exactness (any split, packed, first tokens, bf16/fp16, MPNet's fused attention, compiled), host-sync,
+#      device-copy and kill-and-resume tests on CUDA
+#   3. MiniLM packed at the recipe's batch (packing against cutting by tokens on a GPU that waits for the host)
+#   4. MFU on long reviews: MPNet, max_length 512, imdb reviews, a 16k-token budget (target: >= 40%; 5.6% on
+#      2026-11-28)
+#   5. drugscom-mpnet.yaml end to end with its checkpoints (target: under 15 s a seed; 35.2 s on 2026-11-28)
+#   6. MPNet's attention eager against fused (tools/attention_ab.py), a minute at most.
+# With BUDGET=545 the later steps may be skipped; a second call can ask for them by name (ONLY).
 # The models have random weights of the real models' shapes (their weights cannot travel, see gpu_prepare.sh):
 # speeds, MFU, memory and syncs are the real models'; scores are not, so the breakdown's scores mean nothing.
 set -uo pipefail
@@ -92,12 +96,24 @@ step() { # step NAME SECONDS COMMAND...: run unless the budget is spent, within 
 BENCH=(--device cuda --no_inference --bf16 true --updates 20 --count_ops)
 TOKENS=16384
 
-# MPNet's attention eager (transformers) against fused (SDPA, ReviewTrainer's default), one process, bf16: the lever
-# for MFU on long reviews (eager ran them at a fifteenth of the peak on 2026-11-28).
-step "attention A/B, MPNet bf16" 60 $PY tools/attention_ab.py --model $MPNET --device cuda --bf16 \
-  --lengths 128 512 --batch 32 --repeats 3
 step "bench MPNet bf16, recipe batch, ReviewTrainer by tokens" 120 $PY -m finetune bench recipes/drugscom-mpnet.yaml \
   "${BENCH[@]}" --model_name_or_path $MPNET --micro_batch_tokens $TOKENS --output $RESULTS/bench-mpnet-tokens.json
+# The same, every system compiled (torch.compile, Inductor; an untimed run compiles first): kernels fused and fewer
+# launches, the lever for a GPU that waits for the host (66 ms an update for 4.8 ms of matrix products on
+# 2026-11-28). Dynamic shapes from the start: one compile for the trainers' pieces of every shape, not two.
+# No --count_ops: under its dispatch mode a compiled model runs eagerly.
+step "bench MPNet bf16, recipe batch, compiled, ReviewTrainer by tokens" 240 env ACCELERATE_DYNAMO_USE_DYNAMIC=true \
+  $PY -m finetune bench recipes/drugscom-mpnet.yaml --device cuda --no_inference --bf16 true --updates 20 \
+  --model_name_or_path $MPNET --micro_batch_tokens $TOKENS --torch_compile true \
+  --output $RESULTS/bench-mpnet-tokens-compiled.json
+# Four workers share the GPU (16 host cores): serially the 86 tests outran 200 s on 2026-11-28. -v names each
+# test as it ends and --timeout fails a hung one, so a cut-off step still says which passed and which failed.
+step "exactness for any split, packing, first tokens, mixed precision, host syncs, resume on CUDA" 200 \
+  env FINETUNE_TEST_DEVICE=cuda $PY -m pytest -v -p no:cacheprovider -p no:benchmark -n 4 --dist load --timeout 150 -rfE \
+  --tb=short tests/test_exactness.py tests/test_any_split.py tests/test_packed_attention.py tests/test_first_tokens.py \
+  tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py tests/test_mpnet_attention.py \
+  tests/test_device_copies.py tests/test_dispatched_ops.py tests/test_compile.py \
+  "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 | tee $RESULTS/tests-cuda.txt
 step "bench MiniLM bf16, recipe batch, ReviewTrainer packed" 150 $PY -m finetune bench recipes/drugscom.yaml \
   "${BENCH[@]}" --micro_batch_tokens $TOKENS --padding_free true --output $RESULTS/bench-minilm-packed.json
 # MFU on long reviews: MPNet at max_length 512 on 640 imdb reviews (drawn by gpu_prepare.sh; median 230 MPNet
@@ -125,11 +141,8 @@ step "train drugscom-mpnet bf16 by tokens, with its checkpoints (breakdown)" 120
   recipes/drugscom-mpnet.yaml --model_name_or_path $MPNET --bf16 true --micro_batch_tokens $TOKENS \
   --output_dir /tmp/run-mpnet-tokens --disable_tqdm true
 cp /tmp/run-mpnet-tokens/report/metrics.json $RESULTS/breakdown-drugscom-mpnet-tokens.json 2>/dev/null
-# Four workers share the GPU (16 host cores): serially the 86 tests outran 200 s on 2026-11-28. -v names each
-# test as it ends and --timeout fails a hung one, so a cut-off step still says which passed and which failed.
-step "exactness for any split, packing, first tokens, mixed precision, host syncs, resume on CUDA" 200 \
-  env FINETUNE_TEST_DEVICE=cuda $PY -m pytest -v -p no:cacheprovider -p no:benchmark -n 4 --dist load --timeout 150 -rfE \
-  --tb=short tests/test_exactness.py tests/test_any_split.py tests/test_packed_attention.py tests/test_first_tokens.py \
-  tests/test_mixed_precision.py tests/test_host_syncs.py tests/test_schedule_and_logging.py tests/test_mpnet_attention.py tests/test_device_copies.py tests/test_dispatched_ops.py \
-  "tests/test_resume.py::test_killed_four_ways_and_resumed_equals_uninterrupted" 2>&1 | tee $RESULTS/tests-cuda.txt
+# Last (measured on 2026-11-28; run it with ONLY='A/B'): MPNet's attention eager (transformers) against fused (SDPA,
+# ReviewTrainer's default), one process, bf16, the lever for MFU on long reviews.
+step "attention A/B, MPNet bf16" 60 $PY tools/attention_ab.py --model $MPNET --device cuda --bf16 \
+  --lengths 128 512 --batch 32 --repeats 3
 echo "done in $((SECONDS - START))s"

@@ -82,19 +82,9 @@ def bench(
     """
     import torch
 
-    from ..config.recipes import load_recipe
-
     _check_options(updates, device, output)
-    overrides, ours = split_review_trainer_flags(list(overrides or []))
-    run = load_recipe(recipe, overrides)
-    load_recipe(recipe, overrides + ours)  # checks ReviewTrainer's own settings before anything runs
+    run, overrides, ours = _load_checked(recipe, list(overrides or []), count_ops)
     args = run.training
-    if count_ops and args.torch_compile:
-        # Under a dispatch mode torch.compile runs the model eagerly: the count would be the uncompiled one's.
-        raise FinetuneError(
-            "--count_ops counts operators eagerly (a dispatch mode turns torch.compile off), so compiled "
-            "systems would be counted uncompiled; drop --count_ops or torch_compile"
-        )
     data, tokenizer, encoded = _read_once(run)
     model_shape = _model_shape(run, len(data.label_names))
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
@@ -162,6 +152,22 @@ def _on_device(specs: list[SystemSpec], device: str, class_weights: Any, count_o
         if class_weights is not None:
             spec.class_weights = [float(w) for w in class_weights]
     return specs
+
+
+def _load_checked(recipe: str | None, overrides: list[str], count_ops: bool) -> tuple[Any, list[str], list[str]]:
+    """The recipe's run for the systems, with the shared flags and ReviewTrainer's own, each checked."""
+    from ..config.recipes import load_recipe
+
+    overrides, ours = split_review_trainer_flags(overrides)
+    run = load_recipe(recipe, overrides)
+    load_recipe(recipe, overrides + ours)  # checks ReviewTrainer's own settings before anything runs
+    if count_ops and run.training.torch_compile:
+        # Under a dispatch mode torch.compile runs the model eagerly: the count would be the uncompiled one's.
+        raise FinetuneError(
+            "--count_ops counts operators eagerly (a dispatch mode turns torch.compile off), so compiled "
+            "systems would be counted uncompiled; drop --count_ops or torch_compile"
+        )
+    return run, overrides, ours
 
 
 def _check_options(updates: int, device: str, output: str | None) -> None:
