@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch._dynamo
 from helpers import flat_parameters, review_dataset, sgd_args
+from test_any_split import RecordingCollator
 from test_exactness import assert_matches_reference, reference_full_batch_steps, trained_parameters
 from test_mpnet_attention import reference_sgd_steps, tiny_mpnet
 from transformers import BertForSequenceClassification, DataCollatorWithPadding
@@ -41,30 +42,15 @@ def graphs_compiled() -> int:
 def test_compiled_update_equals_full_batch_step(initial_model, tokenizer, tmp_path, budget):
     torch._dynamo.reset()
     dataset = review_dataset(tokenizer, 12)
-    collator = DataCollatorWithPadding(tokenizer)
+    collator = RecordingCollator(tokenizer)
     reference = reference_full_batch_steps(initial_model, dataset, collator, 6)
-    shapes = set()
-    recording = collator.__class__.__call__
-
-    def collate(features):
-        batch = recording(collator, features)
-        shapes.add(tuple(batch["input_ids"].shape))
-        return batch
-
+    collator.batches.clear()
     before = graphs_compiled()
-    trained = trained_parameters(
-        ReviewTrainer,
-        initial_model,
-        dataset,
-        collate,
-        tmp_path,
-        3,
-        2,
-        micro_batch_tokens=budget,
-        torch_compile_backend=BACKEND,
-    )
+    compiled = {"micro_batch_tokens": budget, "torch_compile_backend": BACKEND}
+    trained = trained_parameters(ReviewTrainer, initial_model, dataset, collator, tmp_path, 3, 2, **compiled)
     assert_matches_reference(trained, reference, flat_parameters(initial_model))
     graphs = graphs_compiled() - before
+    shapes = {tuple(batch["input_ids"].shape) for batch in collator.batches}
     # Compiled indeed, and not once per shape: the first shape's graph, then one for every other, and one
     # for pieces of a single review (Dynamo specializes sizes of 1).
     assert len(shapes) >= 4, shapes
