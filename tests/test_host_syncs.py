@@ -44,6 +44,11 @@ def test_counts_each_read_while_counting_and_leaves_tensor_as_it_was():
 
 
 def _reads_per_update(trainer_class, tokenizer, model, tmp_path, **overrides):
+    counter, _ = _counted_run(trainer_class, tokenizer, model, tmp_path, **overrides)
+    return counter.count / UPDATES
+
+
+def _counted_run(trainer_class, tokenizer, model, tmp_path, **overrides):
     args = quiet_args(
         tmp_path,
         per_device_train_batch_size=MICRO_BATCH,
@@ -62,7 +67,7 @@ def _reads_per_update(trainer_class, tokenizer, model, tmp_path, **overrides):
             callbacks=[HostReadsWindow(counter)],
         )
         assert trainer.train().global_step == UPDATES
-    return counter.count / UPDATES
+    return counter, trainer.model
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +80,21 @@ def test_review_trainer_reads_the_device_once_per_update(initial_model, tokenize
     # With class weights each micro-batch's mass is a sum of its labels' weights: kept on the device too.
     reads = _reads_per_update(ReviewTrainer, tokenizer, initial_model, tmp_path, class_weighting=class_weighting)
     assert reads == 1
+
+
+@pytest.mark.parametrize("budget", [None, 24], ids=["by-count", "by-tokens"])
+def test_the_model_reads_nothing_in_review_trainer_s_run(initial_model, tokenizer, tmp_path, budget):
+    """transformers' mask code asks each padded batch whether it has padding (a read); ReviewTrainer's run does not.
+
+    Stock Trainer, the control, reads once a micro-batch inside the model; ReviewTrainer's pieces (several a
+    window at a budget of 24 tokens) make none, and the model's own SDPA mask code is back after the run.
+    """
+    stock, _ = _counted_run(Trainer, tokenizer, initial_model, tmp_path)
+    assert stock.model_count >= N_ACCUMULATE * UPDATES
+    ours, trained = _counted_run(ReviewTrainer, tokenizer, initial_model, tmp_path, micro_batch_tokens=budget)
+    assert ours.model_count == 0
+    assert ours.count == UPDATES
+    assert trained.config._attn_implementation == "sdpa"
 
 
 def test_stock_trainer_reads_every_micro_batch(initial_model, tokenizer, tmp_path):

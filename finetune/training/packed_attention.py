@@ -33,11 +33,12 @@ import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface
 
 from ..errors import FinetuneError
 from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
 from .layers import classifier_of
+from .mask_without_reads import sdpa_mask_without_reads
 from .mpnet_attention import FusedMPNetAttention, classifier_name
 from .review_attention import attention_per_review, cheaper_dropout
 
@@ -79,8 +80,9 @@ def packed_sdpa_attention(
 
 
 AttentionInterface.register(PACKED_ATTENTION, packed_sdpa_attention)
-# Padded batches get SDPA's padding mask, as under "sdpa"; a packed row has no padding and gets none.
-AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)
+# Padded batches (validation inside a packed run) get SDPA's padding mask, as under "sdpa", without its host
+# read; a packed row has no attention mask and gets none.
+AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask_without_reads)
 
 
 def check_packable(model: nn.Module) -> None:

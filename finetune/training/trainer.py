@@ -81,6 +81,7 @@ from .device_copies import to_device_without_waiting
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
 from .first_tokens import reading_first_tokens
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
+from .mask_without_reads import MaskWithoutReads
 from .micro_batches import cut_window, keep_features
 from .mpnet_attention import FusedMPNetAttention
 from .packed_attention import PackedReading, packed_position_offset
@@ -300,6 +301,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # for this run only (the saved model stays stock).
         packed_reading = PackedReading(self.accelerator.unwrap_model(model)) if self.padding_free else None
         fused = FusedMPNetAttention(self.accelerator.unwrap_model(model)) if self.fused_attention else None
+        # Padded micro-batches masked without transformers' host read (packed rows have their own attention).
+        unread_masks = None if self.padding_free else MaskWithoutReads(self.accelerator.unwrap_model(model))
         try:
             return self._run_accumulation_loop(
                 model=model,
@@ -313,7 +316,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 ignore_keys_for_eval=ignore_keys_for_eval,
             )
         finally:
-            for installed in (packed_reading, fused):
+            for installed in (packed_reading, fused, unread_masks):
                 if installed is not None:
                     installed.remove()
 
