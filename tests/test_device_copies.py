@@ -109,7 +109,9 @@ def test_a_packed_piece_reaches_the_gpu_with_no_sync_and_the_values_of_trainers_
 
 
 @on_cuda_only
-def test_a_packed_review_trainer_run_syncs_at_most_once_per_update(tiny_model_dir, tokenizer, tmp_path):
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded-by-tokens"])
+def test_a_review_trainer_run_cut_by_tokens_syncs_at_most_once_per_update(tiny_model_dir, tokenizer, tmp_path, packed):
+    """Pieces copied without waiting, and (padded) masked without transformers' read: the update's read alone."""
     micro_batch, accumulation_steps, updates = 4, 3, 3
     args = quiet_args(
         tmp_path,
@@ -117,7 +119,7 @@ def test_a_packed_review_trainer_run_syncs_at_most_once_per_update(tiny_model_di
         gradient_accumulation_steps=accumulation_steps,
         max_steps=updates,
         max_grad_norm=1.0,
-        padding_free=True,
+        padding_free=packed,
         micro_batch_tokens=64,
     )
     syncs = CudaSyncWarnings()
