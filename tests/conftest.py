@@ -17,6 +17,26 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _own_cores_per_worker() -> None:
+    """Give each xdist worker its own share of the cores, before torch is imported (its threads follow it).
+
+    Two workers on two cores, each with torch's thread per core (and their child processes too), put four or
+    more threads on two cores: tests/test_resume.py, test_any_split.py and test_exactness.py took 116 s so,
+    89 s with a core and a thread each. Pinned, a run inside a test sees the cores it has, as on a machine of
+    that size (one torch thread, its TF-IDF baseline inline); children inherit the pinning.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if not worker.startswith("gw") or workers < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= workers:
+        os.sched_setaffinity(0, cores[int(worker[2:]) % workers :: workers])
+
+
+_own_cores_per_worker()
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The real uncased WordPiece tokenizer of the packaged MiniLM model."""
