@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import DataCollatorWithPadding, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.bad_text import describe_bad_text, first_bad_character
+from ..data.collation import PaddingCollator
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
 from ..errors import FinetuneError
 from ..export.fallback import Int8WithFallback, read_fallback
@@ -169,7 +170,7 @@ def _logits(
     # export too: its pass cost was not measured, and OpenVINO prepares each new batch shape on first use.
     pass_cost = CPU_PASS_COST_TOKENS if device.type == "cpu" and not exported else None
     batches = length_batches([len(ids) for ids in rows["input_ids"]], batch_size, pass_cost)
-    collator = DataCollatorWithPadding(tokenizer, return_tensors="np" if exported else "pt")
+    collator = PaddingCollator(tokenizer, return_tensors="np" if exported else "pt")
     logits = np.zeros((len(rows["input_ids"]), model.config.num_labels), dtype=np.float64)
     # The last layer computes only the first tokens the head reads, MPNet's attention goes through SDPA:
     # the same logits (docs/speed.md).
