@@ -136,6 +136,19 @@ def test_review_trainer_flags_are_split_from_the_shared_ones():
         split_review_trainer_flags(["--micro_batch_tokens"])
 
 
+def test_each_system_pads_as_it_would_in_a_run(tokenizer):
+    from transformers import DataCollatorWithPadding
+
+    from finetune.commands.bench_systems import RecordingCollator
+    from finetune.data.collation import PaddingCollator
+
+    # ReviewTrainer swaps the DataCollatorWithPadding finetune train gives it; stock Trainer pads with it as given.
+    assert type(RecordingCollator(tokenizer, review_trainer=True).collate) is PaddingCollator
+    assert type(RecordingCollator(tokenizer).collate) is DataCollatorWithPadding
+    classic = RecordingCollator(tokenizer, pad_to_max_length=64).collate
+    assert type(classic) is DataCollatorWithPadding and (classic.padding, classic.max_length) == ("max_length", 64)
+
+
 def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):
     output = tmp_path / "memory.json"
     recipe = tiny_bench_recipe(tmp_path, tiny_model_dir)

@@ -138,11 +138,16 @@ def _scratch_dir(spec: SystemSpec) -> str:
 class RecordingCollator:
     """Pads like the system would and records which samples it saw and their real (unpadded) lengths."""
 
-    def __init__(self, tokenizer: Any, pad_to_max_length: int | None = None) -> None:
+    def __init__(self, tokenizer: Any, pad_to_max_length: int | None = None, review_trainer: bool = False) -> None:
         from transformers import DataCollatorWithPadding
 
+        from ..data.collation import faster_collator
+
         if pad_to_max_length is None:
-            self.collate = DataCollatorWithPadding(tokenizer)
+            # ReviewTrainer swaps the DataCollatorWithPadding that `finetune train` gives it for PaddingCollator
+            # (the same batches, padded faster); wrapped here, it would not see it, so the swap is made here.
+            collate = DataCollatorWithPadding(tokenizer)
+            self.collate = faster_collator(collate) if review_trainer else collate
         else:
             self.collate = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=pad_to_max_length)
         self.sample_ids: list[int] = []
@@ -253,7 +258,7 @@ def _train_once(
     on_gpu = spec.device == "cuda"
     queue = queue if queue is not None else _Discard()
     pad_to = run.data.max_length if spec.system == CLASSIC_LOOP else None
-    collator = RecordingCollator(tokenizer, pad_to_max_length=pad_to)
+    collator = RecordingCollator(tokenizer, pad_to_max_length=pad_to, review_trainer=spec.system == REVIEW_TRAINER)
     # What the model computed, padding included, counted where it computes: ReviewTrainer may cut and
     # pack the collated batches again, so the collator's count would not be what ran.
     computed = _ComputedTokens(model, spec.device)
