@@ -106,6 +106,7 @@ def with_values(features, key, values):
         ("a review without a key", [plain_features()[0], {"input_ids": [5, 6]}], {}),
         ("padding to max_length", plain_features(), {"padding": "max_length", "max_length": 12}),
         ("no padding", plain_features((4, 4)), {"padding": False}),
+        ("a padding misspelt", plain_features(), {"padding": "longst"}),
         ("tensorflow batches", plain_features(), {"return_tensors": "tf"}),
         ("no reviews", [], {}),
     ],

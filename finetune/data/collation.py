@@ -39,10 +39,11 @@ class PaddingCollator(DataCollatorWithPadding):
     def _pad_fast(self, features: Sequence[Mapping[str, Any]]) -> BatchEncoding | None:
         """The batch, or None where transformers' own padding must decide (anything but plain lists of ints)."""
         tokenizer = self.tokenizer
-        padding = PaddingStrategy(self.padding) if isinstance(self.padding, str) else self.padding
+        # PaddingStrategy is a str: "longest" matches it; any other value (a typo too) is transformers' to judge.
+        longest = self.padding is True or self.padding == PaddingStrategy.LONGEST
         if (
             self.return_tensors not in ("pt", "np")
-            or padding not in (True, PaddingStrategy.LONGEST)
+            or not longest
             or not features
             or getattr(tokenizer, "model_input_names", [None])[0] != "input_ids"
             or tokenizer.padding_side not in ("left", "right")
