@@ -409,3 +409,66 @@ def test_compiled_systems_are_compiled_in_an_untimed_run_first(tmp_path, tiny_mo
         assert len(COMPILED_CALLS) > timed.at_first_update, f"{spec.system}'s timed run ran uncompiled"
         assert compiled["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-5), spec.system
         assert compiled["sample_ids"] == plain["sample_ids"]
+
+
+def _messages(queue) -> list[tuple[str, object]]:
+    """Everything on the bench's queue once its processes have ended."""
+    import queue as queues
+
+    messages = []
+    while True:
+        try:
+            messages.append(queue.get(timeout=2))
+        except queues.Empty:
+            return messages
+
+
+def test_a_system_that_fails_is_reported_and_no_later_system_runs(tmp_path, tiny_model_dir):
+    import multiprocessing
+    import warnings
+    from dataclasses import replace
+
+    from finetune.commands.bench_systems import launch_children
+
+    first, second, _ = tiny_speed_specs(tmp_path, tiny_model_dir, updates=1)
+    broken = replace(first, dataset_path=str(tmp_path / "no such folder"))
+    queue = multiprocessing.get_context("fork").Queue()
+    with warnings.catch_warnings():  # the launcher's warning filter stays in it
+        launch_children([broken, second], queue)
+    messages = _messages(queue)
+    assert [kind for kind, _ in messages] == ["error"]
+    assert messages[0][1].startswith("ReviewTrainer: ")
+
+
+def test_a_system_killed_before_it_reports_is_named_with_its_signal(tmp_path, tiny_model_dir, monkeypatch):
+    """A child killed by the system (out of memory, say) puts nothing: the launcher says so and stops there."""
+    import multiprocessing
+    import os
+    import signal
+    import warnings
+
+    from finetune.commands import bench_systems
+
+    monkeypatch.setattr(bench_systems, "run_in_child", lambda spec, queue: os.kill(os.getpid(), signal.SIGKILL))
+    specs = tiny_speed_specs(tmp_path, tiny_model_dir, updates=1)
+    queue = multiprocessing.get_context("fork").Queue()
+    with warnings.catch_warnings():
+        bench_systems.launch_children(specs, queue)
+    assert _messages(queue) == [("error", "ReviewTrainer: its process ended (killed by signal 9) before it reported")]
+
+
+def test_a_launcher_gone_without_a_word_is_a_one_line_error_not_a_hang():
+    import multiprocessing
+
+    from finetune.commands.bench import _next_message
+    from finetune.errors import FinetuneError
+
+    class KilledLauncher:
+        exitcode = -9
+
+        def is_alive(self) -> bool:
+            return False
+
+    empty = multiprocessing.get_context("spawn").Queue()
+    with pytest.raises(FinetuneError, match=r"launcher process ended with exit code -9 .*check free memory"):
+        _next_message(empty, KilledLauncher())

@@ -53,7 +53,7 @@ from .bench_systems import (
     REVIEW_TRAINER,
     STOCK_TRAINER,
     SystemSpec,
-    run_in_child,
+    launch_children,
 )
 
 TRAINING_SYSTEMS = (REVIEW_TRAINER, STOCK_TRAINER, CLASSIC_LOOP)
@@ -489,29 +489,52 @@ def _int8_backend() -> str | None:
 
 
 def _run_children(specs: list[SystemSpec]) -> list[dict[str, Any]]:
-    """Run each spec in a fresh process, one after another, with one progress bar over all updates."""
+    """Run each spec in a fresh process, one after another, with one progress bar over all updates.
+
+    One spawned launcher imports what every system needs once and forks each
+    system's process from there (see :func:`~finetune.commands.bench_systems.launch_children`).
+    """
     context = multiprocessing.get_context("spawn")
     steps = {INFERENCE: 2, PREDICT_FP32: 1, **dict.fromkeys(PREDICTION_EXPORTS, 1)}
     total = sum(steps.get(spec.system, spec.updates) for spec in specs)
-    results = []
+    queue = context.Queue()
+    launcher = context.Process(target=launch_children, args=(specs, queue))
+    launcher.start()
+    results: list[dict[str, Any]] = []
     with tqdm(total=total, desc="bench", unit="update", dynamic_ncols=True) as bar:
-        for spec in specs:
+        while len(results) < len(specs):
+            spec = specs[len(results)]
             shape = " x ".join(spec.extra_overrides[1::2][:2])  # micro-batch x n in --memory mode
-            bar.set_postfix_str(f"{spec.system} {shape}".strip())
-            queue = context.Queue()
-            process = context.Process(target=run_in_child, args=(spec, queue))
-            process.start()
-            while True:
-                kind, payload = queue.get()
-                if kind == "progress":
-                    bar.update(payload)
-                    continue
-                break
-            process.join()
-            if kind == "error":
+            bar.set_postfix_str(f"{spec.system} {shape}".strip(), refresh=False)
+            kind, payload = _next_message(queue, launcher)
+            if kind == "progress":
+                bar.update(payload)
+            elif kind == "error":
+                launcher.join()
                 raise FinetuneError(f"bench failed in {payload.splitlines()[0]}")
-            results.append(payload)
+            else:
+                results.append(payload)
+    launcher.join()
     return results
+
+
+def _next_message(queue: Any, launcher: Any) -> tuple[str, Any]:
+    """The next message from the bench's processes; a one-line error if the launcher ended without one."""
+    import queue as queues
+
+    while True:
+        try:
+            return queue.get(timeout=2)
+        except queues.Empty:
+            if not launcher.is_alive():
+                break
+    try:  # what it put just before it ended
+        return queue.get(timeout=2)
+    except queues.Empty:
+        raise FinetuneError(
+            f"bench failed: its launcher process ended with exit code {launcher.exitcode} before the systems "
+            "reported; run it again, and check free memory (`free -h`) if it was killed"
+        ) from None
 
 
 # ----------------------------------------------------------------- figures
