@@ -26,7 +26,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from finetune.config.recipes import load_recipe
 from finetune.data.splits import load_review_data
-from finetune.training import first_tokens, micro_batches, packed_attention
+from finetune.training import micro_batches, packed_attention, review_attention
 from finetune.training.first_tokens import LastLayerAtFirstTokens
 from finetune.training.micro_batches import pack
 from finetune.training.modeling import load_tokenizer, resolve_model_path
@@ -117,16 +117,18 @@ def _installed(index: int, model: Any) -> Iterator[None]:
         patches.append((module, name, getattr(module, name)))
         setattr(module, name, value)
 
-    def sdpa_dropout(query, key, value, key_mask, dropout, scaling):
+    def sdpa_dropout(query, key, value, mask, dropout, scaling):
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.to(query.dtype)
         return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=key_mask[:, None, None, :], dropout_p=dropout, scale=scaling
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
         )
 
     if index == 3:
         patch(micro_batches, "ATTENTION_GROUP_SHARE", 0.0)
     if index in (3, 4):
-        patch(packed_attention, "attention", sdpa_dropout)
-        patch(first_tokens, "attention", sdpa_dropout)
+        # Packed rows and the last layer at first tokens both read attention through masked_attention.
+        patch(review_attention, "masked_attention", sdpa_dropout)
         patch(packed_attention, "cheaper_dropout", lambda module: module.forward)
     installed = LastLayerAtFirstTokens(model) if index == 2 else PackedReading(model) if index >= 3 else None
     try:
