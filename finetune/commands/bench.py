@@ -36,6 +36,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -502,35 +503,32 @@ def _run_children(specs: list[SystemSpec]) -> list[dict[str, Any]]:
     launcher.start()
     results: list[dict[str, Any]] = []
     with tqdm(total=total, desc="bench", unit="update", dynamic_ncols=True) as bar:
-        while len(results) < len(specs):
-            spec = specs[len(results)]
+        for spec in specs:
             shape = " x ".join(spec.extra_overrides[1::2][:2])  # micro-batch x n in --memory mode
-            bar.set_postfix_str(f"{spec.system} {shape}".strip(), refresh=False)
+            bar.set_postfix_str(f"{spec.system} {shape}".strip())
             kind, payload = _next_message(queue, launcher)
-            if kind == "progress":
+            while kind == "progress":
                 bar.update(payload)
-            elif kind == "error":
+                kind, payload = _next_message(queue, launcher)
+            if kind == "error":
                 launcher.join()
                 raise FinetuneError(f"bench failed in {payload.splitlines()[0]}")
-            else:
-                results.append(payload)
+            results.append(payload)
     launcher.join()
     return results
 
 
 def _next_message(queue: Any, launcher: Any) -> tuple[str, Any]:
     """The next message from the bench's processes; a one-line error if the launcher ended without one."""
-    import queue as queues
-
     while True:
         try:
             return queue.get(timeout=2)
-        except queues.Empty:
+        except Empty:
             if not launcher.is_alive():
                 break
     try:  # what it put just before it ended
         return queue.get(timeout=2)
-    except queues.Empty:
+    except Empty:
         raise FinetuneError(
             f"bench failed: its launcher process ended with exit code {launcher.exitcode} before the systems "
             "reported; run it again, and check free memory (`free -h`) if it was killed"

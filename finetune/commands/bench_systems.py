@@ -69,6 +69,9 @@ CHILD_PRELOAD = (
     "finetune.evaluation.inference",
 )
 
+# The exit code of a child that put its error on the queue.
+REPORTED_ERROR = 3
+
 
 def launch_children(specs: list[SystemSpec], queue: Any) -> None:
     """Entry point of the bench's launcher process: run each spec in a process of its own, one after another.
@@ -102,10 +105,6 @@ def launch_children(specs: list[SystemSpec], queue: Any) -> None:
             how = f"killed by signal {-child.exitcode}" if child.exitcode < 0 else f"exit code {child.exitcode}"
             queue.put(("error", f"{spec.system}: its process ended ({how}) before it reported"))
             return
-
-
-# The exit code of a child that put its error on the queue.
-REPORTED_ERROR = 3
 
 
 def run_in_child(spec: SystemSpec, queue: Any) -> None:
