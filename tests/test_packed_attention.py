@@ -19,11 +19,12 @@ from transformers import (
 )
 
 from finetune.errors import FinetuneError
+from finetune.training.dropout_masks import dropout_keep
 from finetune.training.micro_batches import pack
 from finetune.training.modeling import resolve_model_path
 from finetune.training.packed_attention import PACKED_ATTENTION, PackedReading
 from finetune.training.pooling import add_mean_pooling_layer
-from finetune.training.review_attention import attention, dropout_keep
+from finetune.training.review_attention import attention
 
 TOLERANCE = 1e-5
 REVIEWS = [

@@ -36,11 +36,12 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
 from ..errors import FinetuneError
+from .dropout_masks import cheaper_dropout
 from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
 from .layers import classifier_of
 from .mask_without_reads import sdpa_mask_without_reads
 from .mpnet_attention import FusedMPNetAttention, classifier_name
-from .review_attention import attention_per_review, cheaper_dropout
+from .review_attention import attention_per_review
 
 # Model types whose layers are all token-wise but attention: BERT's attention goes through
 # AttentionInterface with absolute positions from position_ids; MPNet's (a relative bias) through mpnet_attention.

@@ -6,16 +6,16 @@ like length, each review attending to its own real keys. On a GPU that is
 SDPA, dropout included. On a CPU SDPA takes its unfused path as soon as
 attention has dropout and draws the mask with ``bernoulli_``: a float per
 attention weight, about a third of a MiniLM training step on drugscom
-reviews. Here the mask comes from 31 random bits per weight instead, the
-same Bernoulli draw several times cheaper (docs/benchmarks/speed.md).
+reviews. Here the mask comes from :mod:`.dropout_masks` instead, the same
+Bernoulli draw several times cheaper (docs/benchmarks/speed.md).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
+
+from .dropout_masks import dropout_keep
 
 
 def attention(
@@ -143,26 +143,3 @@ def biased_attention_with_dropout(
     # took several times as long on the CPU.
     kept = dropout_keep(probabilities.shape, dropout, query.device).to(probabilities.dtype)
     return torch.matmul(probabilities * kept, value) * (1.0 / (1.0 - dropout))
-
-
-def dropout_keep(shape: torch.Size, rate: float, device: torch.device) -> torch.Tensor:
-    """Which entries dropout keeps (True); each is dropped independently with probability ``rate``.
-
-    31 random bits per entry compared with ``rate`` x 2^31: the rate is kept
-    to within 3e-10 (``bernoulli_`` compares a 24-bit uniform float). Drawn
-    from the default generator, so a seeded (or resumed) run draws the same masks.
-    """
-    bits = torch.empty(shape, dtype=torch.int32, device=device).random_()  # uniform on [0, 2^31)
-    return bits >= round(rate * 2**31)
-
-
-def cheaper_dropout(module: nn.Dropout) -> Any:
-    """``module``'s forward with its mask drawn by ``dropout_keep`` on the CPU (the stock kernel elsewhere)."""
-
-    def forward(hidden: torch.Tensor) -> torch.Tensor:
-        if not module.training or module.p == 0 or hidden.device.type != "cpu":
-            return nn.functional.dropout(hidden, module.p, module.training, module.inplace)
-        kept = dropout_keep(hidden.shape, module.p, hidden.device).to(hidden.dtype).mul_(1.0 / (1.0 - module.p))
-        return hidden * kept
-
-    return forward
