@@ -19,7 +19,6 @@ from transformers import (
 )
 
 from finetune.errors import FinetuneError
-from finetune.training.dropout_masks import dropout_keep
 from finetune.training.micro_batches import pack
 from finetune.training.modeling import resolve_model_path
 from finetune.training.packed_attention import PACKED_ATTENTION, PackedReading
@@ -126,17 +125,6 @@ def test_a_model_that_cannot_be_packed_is_refused_with_the_fix():
         FinetuneError, match=r"padding_free works with BERT and MPNet classifiers .* set padding_free: false"
     ):
         PackedReading(model)
-
-
-@pytest.mark.parametrize("rate", [0.1, 0.5])
-def test_dropout_masks_drop_each_entry_at_the_rate_independently(rate):
-    torch.manual_seed(0)
-    kept = dropout_keep(torch.Size([4_000_000]), rate, torch.device("cpu")).double()
-    standard_error = (rate * (1 - rate) / kept.numel()) ** 0.5
-    assert abs((1 - kept.mean().item()) - rate) < 6 * standard_error
-    # Neighbours are independent: the share of kept pairs is (1 - rate)^2.
-    both = (kept[:-1] * kept[1:]).mean().item()
-    assert abs(both - (1 - rate) ** 2) < 6 * (both * (1 - both) / kept.numel()) ** 0.5
 
 
 def test_attention_with_dropout_is_unbiased_and_the_check_has_teeth():

@@ -1,4 +1,4 @@
-"""What each part of padding_free buys: one training step of the packaged MiniLM on drugscom's reviews, cut six ways.
+"""What each part of padding_free buys: one training step of the packaged MiniLM on drugscom's reviews, cut seven ways.
 
     python tools/packing_ablation.py                  # 20 windows of 16 reviews, 3 rounds, every variant each round
     python tools/packing_ablation.py --masks          # also: drawing one attention-sized dropout mask three ways
@@ -26,7 +26,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from finetune.config.recipes import load_recipe
 from finetune.data.splits import load_review_data
-from finetune.training import micro_batches, packed_attention, review_attention
+from finetune.training import dropout_masks, micro_batches, packed_attention, review_attention
 from finetune.training.first_tokens import LastLayerAtFirstTokens
 from finetune.training.micro_batches import pack
 from finetune.training.modeling import load_tokenizer, resolve_model_path
@@ -39,7 +39,8 @@ VARIANTS = (
     "  + last layer at first tokens",
     "packed, one attention group, bernoulli_ dropout",
     "packed, attention groups of like length, bernoulli_ dropout",
-    "packed, groups, 31-bit dropout masks (padding_free)",
+    "packed, groups, 31-bit dropout masks from torch's generator (until 2026-12-02)",
+    "packed, groups, dropout masks from numpy's generators in chunks (padding_free)",
 )
 
 
@@ -126,6 +127,9 @@ def _installed(index: int, model: Any) -> Iterator[None]:
 
     if index == 3:
         patch(micro_batches, "ATTENTION_GROUP_SHARE", 0.0)
+    if index == 5:
+        patch(dropout_masks, "dropout_keep", _torch_bits_keep)
+        patch(review_attention, "dropout_keep", _torch_bits_keep)
     if index in (3, 4):
         # Packed rows and the last layer at first tokens both read attention through masked_attention.
         patch(review_attention, "masked_attention", sdpa_dropout)
@@ -140,16 +144,26 @@ def _installed(index: int, model: Any) -> Iterator[None]:
             setattr(module, name, value)
 
 
+def _torch_bits_keep(shape: torch.Size, rate: float, dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """The masks padding_free drew until 2026-12-02: 31 bits per entry from torch's own generator."""
+    return (torch.empty(shape, dtype=torch.int32).random_() >= round(rate * 2**31)).to(dtype)
+
+
 def _time_masks() -> None:
     """Draw one dropout mask of 16 reviews x 12 heads x 150^2 attention weights: bernoulli_, 31 bits, 16-bit lanes."""
     shape = (16, 12, 150, 150)
     count = 16 * 12 * 150 * 150
     ways = {
         "bernoulli_ on floats (stock dropout)": lambda: torch.empty(shape).bernoulli_(0.9),
-        "31 random bits per entry (kept)": lambda: torch.empty(shape, dtype=torch.int32).random_() >= 214748365,
+        "31 random bits per entry from torch's generator (until 2026-12-02)": lambda: (
+            torch.empty(shape, dtype=torch.int32).random_() >= 214748365
+        ),
         "16-bit lanes, 2 per draw (rate rounded to 1/65536; not kept)": lambda: (
             torch.empty((count + 1) // 2, dtype=torch.int32).random_(-(2**31), 2**31 - 1).view(torch.int16)[:count]
             >= -32768 + 6554
+        ),
+        "32 bits per entry from numpy's generators in chunks, as float (kept)": lambda: dropout_masks.dropout_keep(
+            shape, 0.1, torch.float32
         ),
     }
     print("\n| one dropout mask of 16 x 12 x 150 x 150 | ms |")

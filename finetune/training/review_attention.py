@@ -141,5 +141,5 @@ def biased_attention_with_dropout(
     probabilities = torch.softmax(scores, dim=-1)
     # A float mask: multiplying by it is one pass each way, where a bool mask's where or masked_fill
     # took several times as long on the CPU.
-    kept = dropout_keep(probabilities.shape, dropout, query.device).to(probabilities.dtype)
+    kept = dropout_keep(probabilities.shape, dropout, probabilities.dtype)
     return torch.matmul(probabilities * kept, value) * (1.0 / (1.0 - dropout))
