@@ -32,6 +32,7 @@ CHUNK_ENTRIES = 1 << 18
 _NUMPY_DTYPES = {torch.bool: np.bool_, torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 
 _workers: ThreadPoolExecutor | None = None
+_worker_count = 0  # the size _workers was made with (ThreadPoolExecutor keeps its own private)
 
 
 def dropout_keep(shape: torch.Size | tuple[int, ...], rate: float, dtype: torch.dtype = torch.bool) -> torch.Tensor:
@@ -77,12 +78,13 @@ def cheaper_dropout(module: nn.Dropout) -> Any:
 
 def _thread_pool() -> ThreadPoolExecutor:
     """The threads that draw a mask's chunks: as many as torch's intra-op threads, which wait meanwhile."""
-    global _workers
+    global _workers, _worker_count
     threads = max(1, torch.get_num_threads())
-    if _workers is None or _workers._max_workers != threads:
+    if _workers is None or _worker_count != threads:
         if _workers is not None:
             _workers.shutdown(wait=False)
         _workers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dropout-masks")
+        _worker_count = threads
     return _workers
 
 
