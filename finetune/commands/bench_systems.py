@@ -320,6 +320,7 @@ def _train_once(
         # Host syncs are counted during the run itself: the patched methods cost every system alike.
         counts = _start_counting(stack, spec) if counting else _Counts()
         counters = counts.counters
+        faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         started = time.perf_counter()
         if spec.system == CLASSIC_LOOP:
             final_loss = _classic_loop(model, samples, collator, args, spec.updates, queue, spec.device, counters)
@@ -330,6 +331,9 @@ def _train_once(
         if on_gpu:
             torch.cuda.synchronize()
         ended = time.perf_counter()
+        # Pages the kernel zero-filled for this process during the run, set-up included: on a CPU, large
+        # tensors that malloc maps afresh on each allocation (see packed_attention.CPU_ATTENTION_GROUP_BYTES).
+        page_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
     computed.remove()
     # Timed from the first forward: a trainer's set-up (accelerator, optimizer, loader, callbacks) is paid
     # once a run, about a second, and in a bench of 20 updates it would outweigh the updates themselves.
@@ -346,6 +350,7 @@ def _train_once(
         "real_tokens": sum(collator.lengths),
         "padded_tokens": computed.tokens,
         "forward_passes": computed.forward_passes,
+        "minor_page_faults": page_faults,
         "train_loss": float(final_loss),
     }
 
