@@ -108,6 +108,30 @@ def test_exact_for_any_budget(initial_model, tokenizer, tmp_path, micro_batch, n
     assert_matches_reference(trained, reference, flat_parameters(initial_model))
 
 
+def test_packed_attention_groups_cut_by_the_cpu_cap_keep_the_update(initial_model, tokenizer, tmp_path, monkeypatch):
+    """On a CPU, groups are cut to keep their scores under malloc's mmap threshold; cut to a review each here."""
+    from finetune.training import micro_batches, packed_attention
+
+    monkeypatch.setattr(packed_attention, "CPU_ATTENTION_GROUP_BYTES", 1)
+    group_sizes = []
+    layout = micro_batches.attention_layout
+
+    def recording_layout(*args, **kwargs):
+        result = layout(*args, **kwargs)
+        group_sizes.extend(len(token_index) for token_index, _, _ in result["review_groups"])
+        return result
+
+    monkeypatch.setattr(micro_batches, "attention_layout", recording_layout)
+    dataset = review_dataset(tokenizer, 12)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, 6)
+    trained = trained_parameters(
+        ReviewTrainer, initial_model, dataset, collator, tmp_path, 3, 2, micro_batch_tokens=200, padding_free=True
+    )
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+    assert group_sizes and set(group_sizes) == {1}  # the cap was applied: one review a group
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_class_weighted_pieces_weigh_by_summed_weights(initial_model, tokenizer, tmp_path, packed):
     dataset = imbalanced_dataset(tokenizer, 10)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DataCollatorWithPadding
 
-from finetune.training.micro_batches import cut_window, pack, plan_pieces
+from finetune.training.micro_batches import ATTENTION_GROUP_SHARE, attention_layout, cut_window, pack, plan_pieces
 
 
 def padded_cost(lengths, piece):
@@ -70,6 +70,40 @@ def test_pieces_hold_the_window_s_samples_collated(tokenizer):
     # No budget: one piece per micro-batch, the empty share dropped.
     assert [len(piece["labels"]) for piece in cut_window(window, None, collator, packed=False)] == [2, 2]
     assert cut_window([None, None], 24, collator, packed=False) == []
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=60), min_size=1, max_size=24),
+    cap=st.one_of(st.none(), st.integers(min_value=1, max_value=20_000)),
+)
+def test_attention_groups_hold_every_token_once_within_the_share_and_the_cap(lengths, cap):
+    starts = [0, *itertools.accumulate(lengths)]
+    layout = attention_layout(lengths, starts, cap)
+    seen = []
+    widths = []
+    for token_index, key_mask, real_slots in layout["review_groups"]:
+        reviews, width = token_index.shape
+        group_lengths = key_mask.sum(dim=1).tolist()
+        widths.append(width)
+        assert group_lengths[0] == width  # padded to its longest review, the first
+        assert all(length >= ATTENTION_GROUP_SHARE * width for length in group_lengths)
+        # Only a review alone may hold more scores than the cap.
+        assert cap is None or reviews * width * width <= cap or reviews == 1
+        assert torch.equal(token_index.flatten()[real_slots], token_index[key_mask])
+        seen += token_index[key_mask].tolist()
+    # Longest first, group after group; the real slots in group order, put back in row order, are the row.
+    assert widths == sorted(widths, reverse=True)
+    assert sorted(seen) == list(range(sum(lengths)))
+    assert torch.tensor(seen)[layout["review_order"]].tolist() == list(range(sum(lengths)))
+
+
+def test_a_capped_group_is_cut_where_the_next_review_would_pass_the_cap():
+    # Five reviews of 10 tokens: 100 scores each per head. A cap of 250 holds two of them.
+    layout = attention_layout([10] * 5, [0, 10, 20, 30, 40, 50], max_group_scores=250)
+    assert [tuple(group[0].shape) for group in layout["review_groups"]] == [(2, 10), (2, 10), (1, 10)]
+    uncapped = attention_layout([10] * 5, [0, 10, 20, 30, 40, 50])
+    assert [tuple(group[0].shape) for group in uncapped["review_groups"]] == [(5, 10)]
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

@@ -226,24 +226,30 @@ def test_predictions_equal_the_eager_model(tokenizer, monkeypatch):
 # ---------------------------------------------------------------- packed rows (padding_free)
 
 
-def padded_and_packed_mpnet(model, tokenizer, position_offset: int):
-    """Logits and gradients of the eager model on a padded batch, and of the packed reading on the same reviews."""
+def padded_and_packed_mpnet(model, tokenizer, position_offset: int, max_group_scores: int | None = None):
+    """Logits and gradients of the eager model on a padded batch, and of the packed reading on the same reviews.
+
+    ``max_group_scores`` caps the packed row's attention groups, as on a CPU (1: a review a group).
+    """
     batch = padded_batch(tokenizer)
     results = [logits_and_gradients(model, batch, fused=False)]
     packed_model = copy.deepcopy(model).train()
     reading = PackedReading(packed_model)
-    output = packed_model(**pack(batch, position_offset=position_offset))
+    output = packed_model(**pack(batch, position_offset=position_offset, max_group_scores=max_group_scores))
     output.loss.backward()
     reading.remove()
     results.append((output.logits.detach(), {n: p.grad for n, p in packed_model.named_parameters()}))
     return results
 
 
-def test_packed_rows_equal_the_eager_padded_batch(tokenizer):
+@pytest.mark.parametrize("max_group_scores", [None, 1])
+def test_packed_rows_equal_the_eager_padded_batch(tokenizer, max_group_scores):
     model = tiny_mpnet(tokenizer)
     offset = packed_position_offset(model)
     assert offset == 2  # MPNet counts positions from its padding id (1) + 1
-    (logits, gradients), (packed_logits, packed_gradients) = padded_and_packed_mpnet(model, tokenizer, offset)
+    (logits, gradients), (packed_logits, packed_gradients) = padded_and_packed_mpnet(
+        model, tokenizer, offset, max_group_scores
+    )
     assert packed_logits.shape == logits.shape
     assert torch.allclose(packed_logits, logits, atol=TOLERANCE)
     assert gradients["mpnet.encoder.relative_attention_bias.weight"].abs().max() > 1e-3

@@ -21,7 +21,12 @@ from transformers import (
 from finetune.errors import FinetuneError
 from finetune.training.micro_batches import pack
 from finetune.training.modeling import resolve_model_path
-from finetune.training.packed_attention import PACKED_ATTENTION, PackedReading
+from finetune.training.packed_attention import (
+    CPU_ATTENTION_GROUP_BYTES,
+    PACKED_ATTENTION,
+    PackedReading,
+    attention_group_limit,
+)
 from finetune.training.pooling import add_mean_pooling_layer
 from finetune.training.review_attention import attention
 
@@ -35,10 +40,11 @@ REVIEWS = [
 ]
 
 
-def padded_and_packed(model, tokenizer, reviews=REVIEWS):
+def padded_and_packed(model, tokenizer, reviews=REVIEWS, max_group_scores=None):
     """Logits and parameter gradients of ``model`` on a padded batch and on the same reviews packed.
 
     Padded on the right, as BERT reads them: its position ids count from the row's start.
+    ``max_group_scores`` caps the packed row's attention groups, as on a CPU.
     """
     features = [dict(tokenizer(text), labels=index % 3) for index, text in enumerate(reviews)]
     batch = DataCollatorWithPadding(tokenizer)(features)
@@ -47,7 +53,7 @@ def padded_and_packed(model, tokenizer, reviews=REVIEWS):
         copied = copy.deepcopy(model)
         copied.eval()  # dropout off: the two must compute the same function
         reading = PackedReading(copied) if packed else None
-        outputs = copied(**(pack(batch) if packed else batch))
+        outputs = copied(**(pack(batch, max_group_scores=max_group_scores) if packed else batch))
         outputs.loss.backward()
         if reading is not None:
             reading.remove()
@@ -84,6 +90,25 @@ def test_packaged_minilm_packed_equals_padded(minilm, tokenizer, pooling):
     if pooling == "mean":
         add_mean_pooling_layer(model)
     assert_same(*padded_and_packed(model, tokenizer))
+
+
+@pytest.mark.parametrize("reviews_a_group", [1, 2])
+def test_capped_attention_groups_read_as_padded(tiny_model_dir, minilm, tokenizer, reviews_a_group):
+    """Groups cut by the CPU's cap give the same logits and gradients: here the longest reviews come thrice."""
+    reviews = [*REVIEWS, REVIEWS[2], REVIEWS[2], REVIEWS[0]]
+    width = max(len(tokenizer(text)["input_ids"]) for text in reviews)
+    cap = reviews_a_group * width * width
+    batch = DataCollatorWithPadding(tokenizer)([dict(tokenizer(text)) for text in reviews])
+    capped, uncapped = (pack(batch, max_group_scores=limit)["review_groups"] for limit in (cap, None))
+    assert len(capped[0][0]) == reviews_a_group < len(uncapped[0][0])  # the longest group was cut
+    for model in (BertForSequenceClassification.from_pretrained(tiny_model_dir), copy.deepcopy(minilm)):
+        assert_same(*padded_and_packed(model, tokenizer, reviews, cap))
+
+
+def test_the_cap_applies_on_a_cpu_only(minilm):
+    # MiniLM's 12 heads of fp32 scores: 24 MiB is 524,288 scores a head, 8 reviews of 256 tokens.
+    assert attention_group_limit(minilm, torch.device("cpu")) * 12 * 4 == CPU_ATTENTION_GROUP_BYTES
+    assert attention_group_limit(minilm, torch.device("cuda")) is None
 
 
 def test_the_check_has_teeth_plain_sdpa_on_a_packed_row_differs(minilm, tokenizer):

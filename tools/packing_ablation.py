@@ -1,4 +1,4 @@
-"""What each part of padding_free buys: one training step of the packaged MiniLM on drugscom's reviews, cut seven ways.
+"""What each part of padding_free buys: one training step of the packaged MiniLM on drugscom's reviews, cut eight ways.
 
     python tools/packing_ablation.py                  # 20 windows of 16 reviews, 3 rounds, every variant each round
     python tools/packing_ablation.py --masks          # also: drawing one attention-sized dropout mask three ways
@@ -30,7 +30,7 @@ from finetune.training import dropout_masks, micro_batches, packed_attention, re
 from finetune.training.first_tokens import LastLayerAtFirstTokens
 from finetune.training.micro_batches import pack
 from finetune.training.modeling import load_tokenizer, resolve_model_path
-from finetune.training.packed_attention import PackedReading
+from finetune.training.packed_attention import PackedReading, attention_group_limit
 from finetune.training.pooling import add_mean_pooling_layer
 
 VARIANTS = (
@@ -40,7 +40,8 @@ VARIANTS = (
     "packed, one attention group, bernoulli_ dropout",
     "packed, attention groups of like length, bernoulli_ dropout",
     "packed, groups, 31-bit dropout masks from torch's generator (until 2026-12-02)",
-    "packed, groups, dropout masks from numpy's generators in chunks (padding_free)",
+    "packed, groups, dropout masks from numpy's generators in chunks (until 2026-12-03)",
+    "  + groups cut at 24 MiB of scores on the CPU (padding_free)",
 )
 
 
@@ -102,6 +103,9 @@ def _time_variant(variant: str, model: Any, windows: list[list[dict]], collator:
                 batches = [collator(window[:8]), collator(window[8:])]
             elif index in (1, 2):
                 batches = [collator(sorted(window, key=lambda feature: -len(feature["input_ids"])))]
+            elif index == 7:
+                limit = attention_group_limit(model, torch.device("cpu"))
+                batches = [pack(collator(window), max_group_scores=limit)]
             else:
                 batches = [pack(collator(window))]
             for batch in batches:

@@ -98,11 +98,13 @@ def cut_window(
     collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
     packed: bool,
     position_offset: int = 0,
+    max_group_scores: int | None = None,
 ) -> list[dict[str, Any]]:
     """The window's samples as collated pieces: by ``token_budget``, or one piece per micro-batch when it is None.
 
     ``None`` items (a rank's empty share of a global micro-batch) hold no
-    samples; a window with none at all gives no pieces.
+    samples; a window with none at all gives no pieces. ``max_group_scores``
+    caps a packed piece's attention groups (see :func:`attention_layout`).
     """
     micro_batches = [list(features) for features in window if features]
     if token_budget is None:
@@ -114,10 +116,18 @@ def cut_window(
     if not packed:
         return [collate(group) for group in groups]
     # The lengths come from the features, not from the collated tensors: no tensor is read here.
-    return [pack(collate(group), [review_length(feature) for feature in group], position_offset) for group in groups]
+    return [
+        pack(collate(group), [review_length(feature) for feature in group], position_offset, max_group_scores)
+        for group in groups
+    ]
 
 
-def pack(batch: dict[str, Any], lengths: Sequence[int] | None = None, position_offset: int = 0) -> dict[str, Any]:
+def pack(
+    batch: dict[str, Any],
+    lengths: Sequence[int] | None = None,
+    position_offset: int = 0,
+    max_group_scores: int | None = None,
+) -> dict[str, Any]:
     """A padded batch as one row without padding: its reviews end to end, positions restarting at each.
 
     ``cu_seq_lens_q`` (and ``_k``) holds where each review starts, plus the
@@ -126,7 +136,8 @@ def pack(batch: dict[str, Any], lengths: Sequence[int] | None = None, position_o
     (``labels``, a teacher's probabilities) stay as they are. ``lengths``
     are the reviews' token counts, when the caller knows them (else they are
     read from the mask). ``position_offset`` is where the model's position
-    ids start (0 for BERT).
+    ids start (0 for BERT). ``max_group_scores`` caps the attention groups
+    (see :func:`attention_layout`).
     """
     input_ids = batch["input_ids"]
     mask = batch.get("attention_mask")
@@ -151,16 +162,21 @@ def pack(batch: dict[str, Any], lengths: Sequence[int] | None = None, position_o
     cu_seq_lens = torch.tensor(starts, dtype=torch.int32)
     longest = max(lengths, default=0)
     packed.update(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest)
-    packed.update(attention_layout(lengths, starts))
+    packed.update(attention_layout(lengths, starts, max_group_scores))
     return packed
 
 
-def attention_layout(lengths: Sequence[int], starts: Sequence[int]) -> dict[str, Any]:
+def attention_layout(
+    lengths: Sequence[int], starts: Sequence[int], max_group_scores: int | None = None
+) -> dict[str, Any]:
     """Where each token of a packed row sits when its attention is computed, group by group.
 
     Reviews are sorted longest first and grouped by ``ATTENTION_GROUP_SHARE``;
     a group of n reviews, the longest of w tokens, is computed as an ``[n, w]``
-    padded batch. ``review_groups`` holds, per group, ``token_index`` (the
+    padded batch, with n * w * w attention scores per head. ``max_group_scores``
+    (None: no cap) closes a group before it would hold more than that many
+    (a review alone may). The next group starts at its own longest review,
+    so a cut group also computes less padding. ``review_groups`` holds, per group, ``token_index`` (the
     row position of each slot; padding slots point at position 0),
     ``key_mask`` (which slots are real) and ``real_slots`` (their flat
     indices); ``review_order`` puts the groups' real tokens back in row
@@ -172,7 +188,7 @@ def attention_layout(lengths: Sequence[int], starts: Sequence[int]) -> dict[str,
     order = sorted(range(len(lengths)), key=lambda index: -lengths[index])
     grouped: list[list[int]] = []
     for index in order:
-        if grouped and lengths[index] >= ATTENTION_GROUP_SHARE * lengths[grouped[-1][0]]:
+        if grouped and _joins(lengths, grouped[-1], lengths[index], max_group_scores):
             grouped[-1].append(index)
         else:
             grouped.append([index])
@@ -197,6 +213,14 @@ def attention_layout(lengths: Sequence[int], starts: Sequence[int]) -> dict[str,
         "review_order": _inverse(tokens),
         "first_token_order": _inverse(reviews_in_group_order),
     }
+
+
+def _joins(lengths: Sequence[int], group: list[int], length: int, max_group_scores: int | None) -> bool:
+    """Whether a review of ``length`` tokens joins ``group`` (longest first) rather than starting the next one."""
+    width = lengths[group[0]]
+    if length < ATTENTION_GROUP_SHARE * width:
+        return False
+    return max_group_scores is None or (len(group) + 1) * width * width <= max_group_scores
 
 
 def _inverse(permutation: np.ndarray) -> torch.Tensor:

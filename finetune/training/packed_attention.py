@@ -115,6 +115,23 @@ def packed_position_offset(model: nn.Module) -> int:
     return 0
 
 
+# On a CPU, each layer's attention allocates several tensors the size of a group's scores (scores,
+# dropout mask, probabilities, their gradients). glibc serves a block above its mmap threshold (at most
+# 32 MiB) with fresh pages, zero-filled by the kernel a page fault at a time, and unmaps it on free, so such
+# blocks are faulted in again at every step: 8 reviews of 512 tokens in one group (100 MB of scores) took
+# 149,000 faults and 1.7x the time of the same scores in groups of 2 (docs/benchmarks/speed.md). A GPU's
+# allocator caches blocks and its kernels never hold the scores, so groups there stay as their lengths say.
+CPU_ATTENTION_GROUP_BYTES = 24 * 2**20
+
+
+def attention_group_limit(model: nn.Module, device: torch.device) -> int | None:
+    """The most attention scores per head a packed row's group of reviews may hold on ``device``; None: no cap."""
+    if device.type != "cpu":
+        return None
+    heads = int(model.config.num_attention_heads)
+    return max(1, CPU_ATTENTION_GROUP_BYTES // (heads * torch.finfo(torch.float32).bits // 8))
+
+
 class PackedReading:
     """Packed rows read per review on ``model`` until :meth:`remove`; padded batches read as before."""
 

@@ -85,7 +85,7 @@ from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter
 from .mask_without_reads import MaskWithoutReads
 from .micro_batches import cut_window, keep_features
 from .mpnet_attention import FusedMPNetAttention
-from .packed_attention import PackedReading, packed_position_offset
+from .packed_attention import PackedReading, attention_group_limit, packed_position_offset
 from .progress import EpochProgressBar, EvaluationProgressCallback
 
 # Trainer's own logger, so that the banner and warnings below follow transformers' verbosity
@@ -149,6 +149,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self._piece_collator: Any = None  # the run's collator, applied to each piece once a window is cut
         # A packed row's position ids start where the model's do (MPNet's after its padding id).
         self._position_offset = packed_position_offset(self.model) if self.padding_free else 0
+        # How many attention scores a packed row's group of reviews may hold (on a CPU, under malloc's mmap
+        # threshold); set when training starts, on the device it trains on.
+        self._attention_group_scores: int | None = None
 
     @property
     def cuts_windows(self) -> bool:
@@ -303,6 +306,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # Packed rows need attention per review, and MPNet's attention goes through SDPA, both installed
         # for this run only (the saved model stays stock).
         packed_reading = PackedReading(self.accelerator.unwrap_model(model)) if self.padding_free else None
+        if self.padding_free:
+            self._attention_group_scores = attention_group_limit(self.accelerator.unwrap_model(model), self.args.device)
         fused = FusedMPNetAttention(self.accelerator.unwrap_model(model)) if self.fused_attention else None
         # Padded micro-batches masked without transformers' host read (packed rows have their own attention).
         unread_masks = None if self.padding_free else MaskWithoutReads(self.accelerator.unwrap_model(model))
@@ -564,7 +569,14 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
 
     def _cut_window(self, window: list[Any], token_budget: int | None) -> list[dict[str, Any]]:
         """The window's samples collated in pieces of at most ``token_budget`` tokens (packed with padding_free)."""
-        return cut_window(window, token_budget, self._piece_collator, self.padding_free, self._position_offset)
+        return cut_window(
+            window,
+            token_budget,
+            self._piece_collator,
+            self.padding_free,
+            self._position_offset,
+            self._attention_group_scores,
+        )
 
     def _halve_token_budget(self, model: nn.Module, bar: EpochProgressBar) -> None:
         """After an out-of-memory error inside a window: drop its gradients, halve the budget, say so once."""
