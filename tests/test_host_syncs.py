@@ -43,6 +43,25 @@ def test_counts_each_read_while_counting_and_leaves_tensor_as_it_was():
     assert torch.Tensor.item is item_before and "item" not in torch.Tensor.__dict__
 
 
+def test_a_cpu_dropout_mask_s_seed_is_not_counted_a_read_of_the_model_s_is():
+    """Packed rows draw dropout masks on the host from a seed read each, a path a GPU run does not take."""
+    from finetune.training.dropout_masks import dropout_keep
+
+    with counting_host_reads("cpu") as counter:
+        counter.counting = True
+        dropout_keep((4, 8), 0.1)
+        assert counter.count == 0
+        torch.ones(()).random_().item()  # the same read made anywhere else counts
+        assert counter.count == 1
+
+
+def test_packed_training_with_dropout_reads_nothing_in_the_model(tiny_dropout_model_dir, tokenizer, tmp_path):
+    model = BertForSequenceClassification.from_pretrained(tiny_dropout_model_dir)
+    ours, _ = _counted_run(ReviewTrainer, tokenizer, model, tmp_path, padding_free=True, micro_batch_tokens=64)
+    assert ours.model_count == 0
+    assert ours.count == UPDATES
+
+
 def _reads_per_update(trainer_class, tokenizer, model, tmp_path, **overrides):
     counter, _ = _counted_run(trainer_class, tokenizer, model, tmp_path, **overrides)
     return counter.count / UPDATES

@@ -18,7 +18,9 @@ What counts as a read:
   reads (not ``.cpu()``, a no-op here, nor ``.to(...)``), minus those of
   tensors that live on the host on a GPU too: the optimizer's step counts
   (read by ``torch.optim``) and whatever a DataLoader reads while it draws a
-  batch (samplers' seeds and orders, the collator's work).
+  batch (samplers' seeds and orders, the collator's work), and the seeds of
+  the dropout masks drawn on the host (``dropout_masks.py``), a path only a
+  CPU run takes.
 
 On CUDA ``torch.cuda.set_sync_debug_mode`` sees more (blocking host-to-device
 copies, ``nonzero``, ...); ``CudaSyncWarnings`` counts those as a second figure.
@@ -44,6 +46,8 @@ HOST_COPIES = ("cpu", "to")
 TORCH_OPTIM = os.path.join(os.path.dirname(torch.__file__), "optim") + os.sep
 # Code that draws batches (and calls samplers and collators) on the host, before a batch is moved to the device.
 DATA_LOADING = (os.path.join(os.path.dirname(torch.__file__), "utils", "data") + os.sep, "accelerate/data_loader.py")
+# Where packed rows' dropout masks are drawn on a CPU, a seed read each; on a GPU dropout is the device's kernel.
+CPU_DROPOUT_MASKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dropout_masks.py")
 
 
 class HostReadCounter:
@@ -100,11 +104,11 @@ class HostReadCounter:
 
 
 def _on_host_side() -> bool:
-    """Whether the read being counted is made by ``torch.optim`` or while a DataLoader draws a batch."""
+    """Whether the read is made by ``torch.optim``, for a CPU dropout mask, or while a DataLoader draws a batch."""
     frame = sys._getframe(1)
     while frame.f_code.co_filename == __file__:
         frame = frame.f_back
-    if frame.f_code.co_filename.startswith(TORCH_OPTIM):
+    if frame.f_code.co_filename.startswith(TORCH_OPTIM) or frame.f_code.co_filename == CPU_DROPOUT_MASKS:
         return True
     while frame is not None:
         filename = frame.f_code.co_filename
