@@ -96,6 +96,7 @@ def _length_grouped_windows(features: list[dict], count: int, size: int) -> list
 def _time_variant(variant: str, model: Any, windows: list[list[dict]], collator: Any) -> float:
     """Seconds for forward and backward over every window, cut and read as ``variant`` says."""
     index = VARIANTS.index(variant)
+    group_limit = attention_group_limit(model, torch.device("cpu")) if index == 7 else None
     with _installed(index, model):
         started = time.perf_counter()
         for window in windows:
@@ -103,11 +104,8 @@ def _time_variant(variant: str, model: Any, windows: list[list[dict]], collator:
                 batches = [collator(window[:8]), collator(window[8:])]
             elif index in (1, 2):
                 batches = [collator(sorted(window, key=lambda feature: -len(feature["input_ids"])))]
-            elif index == 7:
-                limit = attention_group_limit(model, torch.device("cpu"))
-                batches = [pack(collator(window), max_group_scores=limit)]
             else:
-                batches = [pack(collator(window))]
+                batches = [pack(collator(window), max_group_scores=group_limit)]
             for batch in batches:
                 model(**batch).loss.backward()
         return time.perf_counter() - started

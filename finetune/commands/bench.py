@@ -561,7 +561,7 @@ def _speed_row(result: dict[str, Any], model_shape: dict[str, int], gemm_peak: f
         "pad_fraction": 1 - result["real_tokens"] / result["padded_tokens"],
         "forward_passes_per_update": result["forward_passes"] / result["updates"],
         "peak_rss_mib": result["peak_rss_bytes"] / MIB,
-        # Pages zero-filled on first touch (memory malloc mapped afresh), a cost that shows on a CPU.
+        # Pages zero-filled on first touch (see bench_systems._train_once), a cost that shows on a CPU.
         "minor_page_faults_per_update": result["minor_page_faults"] / result["updates"],
         "gflops": gflops,
         "mfu": gflops / gemm_peak,

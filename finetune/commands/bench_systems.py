@@ -331,8 +331,9 @@ def _train_once(
         if on_gpu:
             torch.cuda.synchronize()
         ended = time.perf_counter()
-        # Pages the kernel zero-filled for this process during the run, set-up included: on a CPU, large
-        # tensors that malloc maps afresh on each allocation (see packed_attention.CPU_ATTENTION_GROUP_BYTES).
+        # Pages the kernel zero-filled for this process during the run, set-up included: mostly the heap
+        # growing to its peak, once; every step again for blocks above malloc's mmap threshold (see
+        # packed_attention.CPU_ATTENTION_GROUP_BYTES).
         page_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
     computed.remove()
     # Timed from the first forward: a trainer's set-up (accelerator, optimizer, loader, callbacks) is paid

@@ -175,8 +175,9 @@ def attention_layout(
     a group of n reviews, the longest of w tokens, is computed as an ``[n, w]``
     padded batch, with n * w * w attention scores per head. ``max_group_scores``
     (None: no cap) closes a group before it would hold more than that many
-    (a review alone may). The next group starts at its own longest review,
-    so a cut group also computes less padding. ``review_groups`` holds, per group, ``token_index`` (the
+    (a review alone may); the next group is padded to its own longest review.
+
+    ``review_groups`` holds, per group, ``token_index`` (the
     row position of each slot; padding slots point at position 0),
     ``key_mask`` (which slots are real) and ``real_slots`` (their flat
     indices); ``review_order`` puts the groups' real tokens back in row

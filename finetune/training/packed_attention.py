@@ -129,7 +129,7 @@ def attention_group_limit(model: nn.Module, device: torch.device) -> int | None:
     if device.type != "cpu":
         return None
     heads = int(model.config.num_attention_heads)
-    return max(1, CPU_ATTENTION_GROUP_BYTES // (heads * torch.finfo(torch.float32).bits // 8))
+    return max(1, CPU_ATTENTION_GROUP_BYTES // (heads * torch.float32.itemsize))
 
 
 class PackedReading:

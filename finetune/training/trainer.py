@@ -305,12 +305,13 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
 
         # Packed rows need attention per review, and MPNet's attention goes through SDPA, both installed
         # for this run only (the saved model stays stock).
-        packed_reading = PackedReading(self.accelerator.unwrap_model(model)) if self.padding_free else None
+        unwrapped = self.accelerator.unwrap_model(model)
+        packed_reading = PackedReading(unwrapped) if self.padding_free else None
         if self.padding_free:
-            self._attention_group_scores = attention_group_limit(self.accelerator.unwrap_model(model), self.args.device)
-        fused = FusedMPNetAttention(self.accelerator.unwrap_model(model)) if self.fused_attention else None
+            self._attention_group_scores = attention_group_limit(unwrapped, self.args.device)
+        fused = FusedMPNetAttention(unwrapped) if self.fused_attention else None
         # Padded micro-batches masked without transformers' host read (packed rows have their own attention).
-        unread_masks = None if self.padding_free else MaskWithoutReads(self.accelerator.unwrap_model(model))
+        unread_masks = None if self.padding_free else MaskWithoutReads(unwrapped)
         try:
             return self._run_accumulation_loop(
                 model=model,
