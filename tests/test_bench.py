@@ -232,6 +232,27 @@ def test_flop_count_by_hand():
     assert training_flops([3, 1], non_embedding=10, num_layers=1, hidden_size=2) == pytest.approx(3 * 160)
 
 
+def test_the_gemm_peak_grows_its_products_only_while_a_round_stays_short(monkeypatch):
+    """Products double from 256 while a round of them would fit the time given, and stop at ``size``.
+
+    bf16 on a CPU without native kernels multiplies at about 1.5 GFLOP/s: a
+    fixed 2048 took the bench 5 minutes there before it trained anything.
+    """
+    from finetune.commands import flops
+
+    sizes = []
+    real_operands = flops._gemm_operands
+    monkeypatch.setattr(flops, "_gemm_operands", lambda size, *rest: sizes.append(size) or real_operands(size, *rest))
+    assert flops.measure_gemm_peak(size=2048, repeats=1, rounds=1, round_seconds=0.0) > 0
+    assert sizes == [256]  # no round is short enough to grow into
+    sizes.clear()
+    assert flops.measure_gemm_peak(size=512, repeats=1, rounds=1, round_seconds=1e9) > 0
+    assert sizes == [256, 512]  # grown as far as size, and no further
+    sizes.clear()
+    flops.measure_gemm_peak(size=100, repeats=1, rounds=1)
+    assert sizes == [100]  # a size under the first probe's is used as it is
+
+
 def test_prediction_rows_by_hand():
     """Agreement, probability change and near ties of a made-up fp32 / int8 pair, worked out by hand."""
     from finetune.commands.bench import _format_prediction, _prediction_rows

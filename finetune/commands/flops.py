@@ -33,19 +33,35 @@ def training_flops(lengths: list[int], non_embedding: int, num_layers: int, hidd
 
 
 def measure_gemm_peak(
-    size: int = 2048, repeats: int = 8, rounds: int = 3, device: str = "cpu", dtype: torch.dtype = torch.float32
+    size: int = 2048,
+    repeats: int = 8,
+    rounds: int = 3,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    round_seconds: float = 2.0,
 ) -> float:
     """The best matrix-multiply rate this process reaches on ``device`` in ``dtype``, in GFLOP/s.
 
     On the CPU with the current thread settings; on a GPU the kernels are
-    waited for before the clock stops (they run asynchronously).
+    waited for before the clock stops (they run asynchronously). The products
+    are ``size`` x ``size``, or smaller where a round of ``repeats`` of them
+    would take over ``round_seconds``: a CPU without native kernels for
+    ``dtype`` (bf16 or fp16 on one without AVX-512) multiplies at a few
+    GFLOP/s, where a round at 2048 takes minutes and says nothing more.
     """
-    generator = torch.Generator().manual_seed(0)
-    left = torch.randn(size, size, generator=generator).to(device, dtype)
-    right = torch.randn(size, size, generator=generator).to(device, dtype)
     wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    left @ right  # warm-up: the first call pays for allocation and kernel selection
-    wait()
+    measured = min(size, 256)
+    while True:
+        left, right = _gemm_operands(measured, device, dtype)
+        left @ right  # warm-up: the first call pays for allocation and kernel selection
+        wait()
+        started = time.perf_counter()
+        left @ right
+        wait()
+        rate = 2 * measured**3 / max(time.perf_counter() - started, 1e-9)
+        if measured >= size or 2 * (2 * measured) ** 3 * repeats / rate > round_seconds:
+            break
+        measured = min(size, 2 * measured)
     best = 0.0
     for _ in range(rounds):
         started = time.perf_counter()
@@ -53,5 +69,13 @@ def measure_gemm_peak(
             left @ right
         wait()
         seconds = time.perf_counter() - started
-        best = max(best, 2 * size**3 * repeats / seconds / 1e9)
+        best = max(best, 2 * measured**3 * repeats / seconds / 1e9)
     return best
+
+
+def _gemm_operands(size: int, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two seeded ``size`` x ``size`` matrices on ``device`` in ``dtype``."""
+    generator = torch.Generator().manual_seed(0)
+    left = torch.randn(size, size, generator=generator).to(device, dtype)
+    right = torch.randn(size, size, generator=generator).to(device, dtype)
+    return left, right
