@@ -38,7 +38,7 @@ def measure_gemm_peak(
     rounds: int = 3,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
-    round_seconds: float = 2.0,
+    round_seconds: float = 5.0,
 ) -> float:
     """The best matrix-multiply rate this process reaches on ``device`` in ``dtype``, in GFLOP/s.
 
