@@ -11,12 +11,12 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import warm_processes
 from helpers import checkpointing_recipe, flat_parameters, quiet_args, review_dataset, tiny_recipe
 from safetensors.torch import load_file
 from test_resume import WORKER, finetune_cli, logged_updates
@@ -105,7 +105,7 @@ def test_killed_during_a_background_write_resumes_bitwise(tmp_path, tiny_dropout
     background = ("--background_checkpoint_saves", "true")
     # Checkpoint-9's write hangs after its model files; SIGKILL comes at update 11. A save that made
     # training wait for the write would hang here until the timeout.
-    killed = subprocess.run(
+    killed = warm_processes.run(
         [sys.executable, str(WORKER), str(recipe), "during-background-write", "9", *background],
         capture_output=True,
         timeout=300,  # the run takes seconds

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+import warm_processes
 from helpers import tiny_recipe
 
 import finetune.pipeline.baseline
@@ -170,10 +170,10 @@ def test_the_process_ends_when_its_parent_is_killed(tmp_path):
     (tmp_path / "parent.py").write_text(script, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT), os.environ.get("PYTHONPATH", "")])}
     # Not subprocess.run: it would wait for the end of the output, which the child holds open too.
-    with subprocess.Popen(
+    with warm_processes.Popen(
         [sys.executable, str(tmp_path / "parent.py")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stdout=warm_processes.PIPE,
+        stderr=warm_processes.DEVNULL,
         env=env,
         text=True,
     ) as parent:

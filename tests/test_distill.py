@@ -5,11 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import warm_processes
 from helpers import PROJECT, tiny_recipe
 
 from finetune.cli import main
@@ -78,7 +78,7 @@ def test_student_predicts(student_run):
 
     rng = random.Random(0)
     reviews = [" ".join(rng.choices(WORDS, k=rng.randint(2, 12))) for _ in range(30)]
-    result = subprocess.run(
+    result = warm_processes.run(
         [sys.executable, "-m", "finetune", "predict", str(student_run)],
         input="".join(f"{review}\n" for review in reviews),
         capture_output=True,

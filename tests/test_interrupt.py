@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 
 import pytest
+import warm_processes
 from helpers import tiny_recipe
 
 
@@ -26,7 +26,7 @@ def test_signal_saves_a_checkpoint_and_the_run_resumes(tmp_path, tiny_model_dir,
         logging_steps=1,
     )
     command = [sys.executable, "-m", "finetune", "train", str(recipe)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = warm_processes.Popen(command, stdout=warm_processes.PIPE, stderr=warm_processes.PIPE, text=True)
     # With tqdm off, Trainer prints each log as a line on stdout: the first one means training runs.
     for line in process.stdout:
         if "'loss'" in line:
@@ -43,7 +43,7 @@ def test_signal_saves_a_checkpoint_and_the_run_resumes(tmp_path, tiny_model_dir,
     assert 1 <= stopped_at < 40
     assert not (run_dir / "model.safetensors").exists()  # the run is not finished: no final model
 
-    resumed = subprocess.run([*command, "--resume_from_checkpoint", "auto"], capture_output=True, text=True)
+    resumed = warm_processes.run([*command, "--resume_from_checkpoint", "auto"], capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     state = json.loads((run_dir / "trainer_state.json").read_text())
     assert state["global_step"] == 40

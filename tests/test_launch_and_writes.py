@@ -15,15 +15,18 @@ line naming the problem and the fix, exit status 2, nothing on disk lost):
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import resource
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import warm_processes
 from helpers import tiny_recipe
 from test_distributed import LAUNCHERS, PROCESSES, free_port
 
@@ -197,16 +200,11 @@ def test_evaluate_on_a_full_disk_keeps_the_earlier_results(run_dir):
     before = snapshot(run_dir)
     limit = len(before["errors_train.csv"]) // 2
 
-    def limit_file_size() -> None:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    done = subprocess.run(
+    done = warm_processes.run(
         [sys.executable, "-m", "finetune", "evaluate", str(run_dir), *EVALUATE_FLAGS],
         capture_output=True,
         text=True,
-        preexec_fn=limit_file_size,
+        preexec_fn=functools.partial(resource.setrlimit, resource.RLIMIT_FSIZE, (limit, limit)),
         timeout=300,
     )
     assert done.returncode == 2, done.stderr

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+import warm_processes
 from helpers import tiny_recipe
 
 from finetune.cli import main
@@ -34,10 +35,10 @@ PROJECT = Path(__file__).parent.parent
 REVIEWS = "review\n" + "".join(f"great product number {index}\n" for index in range(3000))
 
 
-def finetune_process(*argv: str, **popen: object) -> subprocess.Popen:
-    """``python -m finetune ARGV`` as a child process, with this checkout on its path."""
+def finetune_process(*argv: str, **popen: object) -> warm_processes.Popen:
+    """``python -m finetune ARGV`` as a child process (forked with its imports done), this checkout on its path."""
     env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "finetune", *argv], env=env, text=True, **popen)
+    return warm_processes.Popen([sys.executable, "-m", "finetune", *argv], env=env, text=True, **popen)
 
 
 def one_error_line(stderr: str) -> str:
@@ -55,7 +56,7 @@ def test_two_predicts_to_one_output_keep_the_first_finished_file(tiny_model_dir,
     (tmp_path / "b.csv").write_text("review\nawful\nfine\n", encoding="utf-8")
     slow = finetune_process(
         "predict", str(tiny_model_dir), "--output", str(output),
-        stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=warm_processes.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     # It reads stdin, so it waits, its output open, until this test sends it reviews.
     slow.stdin.write("great\n")
@@ -115,7 +116,7 @@ def test_predict_piped_into_head_exits_quietly(tiny_model_dir, tmp_path):
     (tmp_path / "big.csv").write_text(REVIEWS, encoding="utf-8")
     process = finetune_process(
         "predict", str(tiny_model_dir), "--input", str(tmp_path / "big.csv"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=warm_processes.PIPE, stderr=warm_processes.PIPE,
     )  # fmt: skip
     head = [process.stdout.readline() for _ in range(2)]
     process.stdout.close()  # as head does after its lines
@@ -157,7 +158,7 @@ def test_signal_during_the_final_save_lets_it_finish_and_the_run_resumes(tmp_pat
         load_best_model_at_end="false", baseline="false",
     )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
-    stopped = subprocess.run(
+    stopped = warm_processes.run(
         [sys.executable, "-c", _SIGNAL_DURING_SAVE, str(recipe), str(int(signum)), ".final-model.partial"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
@@ -191,7 +192,7 @@ def test_signal_during_a_checkpoint_save_stops_at_that_checkpoint(tmp_path, tiny
         load_best_model_at_end="false", baseline="false", background_checkpoint_saves="false",
     )  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
-    stopped = subprocess.run(
+    stopped = warm_processes.run(
         [sys.executable, "-c", _SIGNAL_DURING_SAVE, str(recipe), str(int(signal.SIGTERM)), ".checkpoint-2.partial"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
@@ -324,7 +325,7 @@ def test_export_after_a_killed_export_cleans_what_it_left(tmp_path, tiny_model_d
     pytest.importorskip("onnxruntime", reason="finetune export needs the [export] extra")
     output = tmp_path / "tiny-int8"
     env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
-    killed = subprocess.run(
+    killed = warm_processes.run(
         [sys.executable, "-c", _KILLED_EXPORT, str(tiny_model_dir), str(output)],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip

@@ -11,6 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
+import warm_processes
+
 PROJECT = Path(__file__).parent.parent
 WORDS = ["great", "terrible", "fine", "broke", "love", "awful", "okay", "cheap"]
 # Each row carries a 400-character column the model never reads: an implementation that keeps
@@ -53,6 +55,8 @@ def test_predict_on_100k_rows_keeps_peak_memory_flat(tiny_model_dir, tmp_path):
     _write_reviews(small, 3_000)
     _write_reviews(big, 100_000)
     output = tmp_path / "out.csv"
+    # A process of its own, not one forked from tests/warm_processes.py: a fork would start from the
+    # forkserver's high-water mark, above what the rows could add.
     result = subprocess.run(
         [sys.executable, "-c", _CHILD, str(tiny_model_dir), str(small), str(big), str(output)],
         capture_output=True,
@@ -79,11 +83,11 @@ def _line_queue(stream) -> queue.Queue:
 
 
 def test_stdin_lines_are_answered_as_they_arrive(tiny_model_dir):
-    process = subprocess.Popen(
+    process = warm_processes.Popen(
         [sys.executable, "-m", "finetune", "predict", str(tiny_model_dir)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stdin=warm_processes.PIPE,
+        stdout=warm_processes.PIPE,
+        stderr=warm_processes.DEVNULL,
         text=True,
         env=_child_env(),
         cwd=PROJECT,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_processes
 from helpers import checkpointing_recipe
 from safetensors.torch import load_file
 
@@ -24,11 +25,13 @@ def recipe_for(folder: Path, model_dir: Path) -> Path:
 
 
 def finetune_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "finetune", *args], capture_output=True, text=True)
+    return warm_processes.run([sys.executable, "-m", "finetune", *args], capture_output=True, text=True)
 
 
 def killed_at(recipe: Path, point: str, step: int, *flags: str) -> None:
-    result = subprocess.run([sys.executable, str(WORKER), str(recipe), point, str(step), *flags], capture_output=True)
+    result = warm_processes.run(
+        [sys.executable, str(WORKER), str(recipe), point, str(step), *flags], capture_output=True
+    )
     assert result.returncode == -9, result.stderr.decode()[-2000:]  # SIGKILL
 
 

@@ -5,6 +5,7 @@ Each is refused in one line naming the fix, exit status 2, with nothing on disk 
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import shutil
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_processes
 from transformers import TrainerCallback
 
 from finetune.errors import FinetuneError, TrainingInterrupted
@@ -23,15 +25,11 @@ from .common import run_recipe, snapshot
 
 def train_with_file_size_limit(recipe: Path, limit_bytes: int, *flags: str) -> subprocess.CompletedProcess:
     """``finetune train`` in a process that may write no file larger than ``limit_bytes`` (a full disk, in effect)."""
-
-    def limit_file_size() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
-
-    return subprocess.run(
+    return warm_processes.run(
         [sys.executable, "-m", "finetune", "train", str(recipe), *flags],
         capture_output=True,
         text=True,
-        preexec_fn=limit_file_size,
+        preexec_fn=functools.partial(resource.setrlimit, resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes)),
         timeout=300,
     )
 
