@@ -20,8 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import classification_report
-
 MAX_TRAIN_REVIEWS = 20_000
 MAX_WORD_FEATURES = 200_000
 MAX_CHAR_FEATURES = 300_000
@@ -105,6 +103,60 @@ class TfidfBaseline:
         return self.probabilities(texts).argmax(axis=-1)
 
 
+@dataclass
+class BaselinePredictions:
+    """A fitted baseline's class ids for each split it was given, and what fitting it cost."""
+
+    train_reviews: int
+    features: int
+    fit_seconds: float
+    predictions: dict[str, list[int]]
+    note: str | None = None
+
+
+def fit_and_predict(
+    train_texts: Sequence[str],
+    train_labels: Sequence[int],
+    to_predict: dict[str, Sequence[str]],
+    num_labels: int,
+    seed: int = 42,
+) -> BaselinePredictions:
+    """Fit the baseline on the training split and predict each of ``to_predict`` (split -> texts).
+
+    Needs scikit-learn and numpy only: what the baseline's own process
+    imports (scoring, through ``evaluate``, would bring transformers in).
+    """
+    started = time.perf_counter()
+    baseline = TfidfBaseline(num_labels, seed=seed).fit(train_texts, train_labels)
+    fit_seconds = time.perf_counter() - started
+    return BaselinePredictions(
+        train_reviews=baseline.train_reviews,
+        features=baseline.features,
+        fit_seconds=round(fit_seconds, 2),
+        predictions={split: baseline.predict(texts).tolist() for split, texts in to_predict.items() if len(texts)},
+        note=baseline.note,
+    )
+
+
+def score_predictions(
+    fitted: BaselinePredictions, references: dict[str, Sequence[int]], label_names: list[str]
+) -> BaselineResult:
+    """The baseline's scores: each split's predictions against its labels, with the model's own metrics."""
+    from .metrics import classification_report
+
+    return BaselineResult(
+        description=DESCRIPTION,
+        train_reviews=fitted.train_reviews,
+        features=fitted.features,
+        fit_seconds=fitted.fit_seconds,
+        scores={
+            split: classification_report(predictions, references[split], label_names)
+            for split, predictions in fitted.predictions.items()
+        },
+        note=fitted.note,
+    )
+
+
 def run_baseline(
     train_texts: Sequence[str],
     train_labels: Sequence[int],
@@ -113,22 +165,9 @@ def run_baseline(
     seed: int = 42,
 ) -> BaselineResult:
     """Fit the baseline on the training split and score it on each of ``to_score`` (split -> texts, labels)."""
-    started = time.perf_counter()
-    baseline = TfidfBaseline(len(label_names), seed=seed).fit(train_texts, train_labels)
-    fit_seconds = time.perf_counter() - started
-    scores = {
-        split: classification_report(baseline.predict(texts), labels, label_names)
-        for split, (texts, labels) in to_score.items()
-        if len(texts)
-    }
-    return BaselineResult(
-        description=DESCRIPTION,
-        train_reviews=baseline.train_reviews,
-        features=baseline.features,
-        fit_seconds=round(fit_seconds, 2),
-        scores=scores,
-        note=baseline.note,
-    )
+    to_predict = {split: texts for split, (texts, _) in to_score.items()}
+    fitted = fit_and_predict(train_texts, train_labels, to_predict, len(label_names), seed=seed)
+    return score_predictions(fitted, {split: labels for split, (_, labels) in to_score.items()}, label_names)
 
 
 def compare(model_scores: dict[str, Any], baseline_scores: dict[str, Any]) -> dict[str, float]:

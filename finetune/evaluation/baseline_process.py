@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .baseline import BaselineResult, run_baseline
+from .baseline import BaselineResult, fit_and_predict, score_predictions
 
 # How long a terminated process has to end before it is killed.
 _GRACE_SECONDS = 5
@@ -61,7 +61,12 @@ class BaselineProcessFailed(Exception):
 
 
 class BaselineProcess:
-    """:func:`~finetune.evaluation.baseline.run_baseline` in a spawned process: started at once, collected once.
+    """:func:`~finetune.evaluation.baseline.run_baseline`, fitted in a spawned process: started at once, collected once.
+
+    The process fits and predicts, importing scikit-learn alone; this one
+    scores the predictions with the model's own metrics (``evaluate``, which
+    brings in transformers: seconds of imports and hundreds of MiB the
+    process beside training does not take).
 
     Use it as a context manager (or call :meth:`stop`): the process is ended
     and reaped on leaving, whatever happened in between.
@@ -84,11 +89,13 @@ class BaselineProcess:
         with _sigint_ignored_by_children():
             self._process.start()
         child_end.close()  # the child's end lives in the child now: a child that dies reads as EOF here
+        self._references = {split: list(labels) for split, (_, labels) in to_score.items()}
+        self._label_names = list(label_names)
         payload = (
             list(train_texts),
             list(train_labels),
-            {split: (list(texts), list(labels)) for split, (texts, labels) in to_score.items()},
-            list(label_names),
+            {split: list(texts) for split, (texts, _) in to_score.items()},
+            len(label_names),
             seed,
         )
         # Sent from a thread: pickling and writing tens of megabytes of reviews waits for the child to read
@@ -124,7 +131,7 @@ class BaselineProcess:
             raise ValueError(value)
         if kind == "failed":
             raise BaselineProcessFailed(f"it failed in its process ({value})")
-        return value
+        return score_predictions(value, self._references, self._label_names)
 
     def stop(self) -> None:
         """End the process if it still runs and reap it; safe to call again."""
@@ -179,16 +186,16 @@ def _end_with_parent(parent_pid: int) -> None:
 
 
 def _fit_in_child(connection: Connection, parent_pid: int) -> None:
-    """The child's whole life: ignore Ctrl-C, receive the reviews, fit and score, send the result back."""
+    """The child's whole life: ignore Ctrl-C, receive the reviews, fit and predict, send the predictions back."""
     # Already ignored when started from the main thread (see _sigint_ignored_by_children); not from another.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _end_with_parent(parent_pid)
     try:
-        train_texts, train_labels, to_score, label_names, seed = connection.recv()
+        train_texts, train_labels, to_predict, num_labels, seed = connection.recv()
     except EOFError:  # the parent stopped before sending
         return
     try:
-        result = run_baseline(train_texts, train_labels, to_score, label_names, seed=seed)
+        result = fit_and_predict(train_texts, train_labels, to_predict, num_labels, seed=seed)
     except ValueError as error:
         # scikit-learn's "no terms remain" on a handful of reviews: the parent says so, as inline.
         message: tuple[str, Any] = ("cannot_fit", str(error))
