@@ -68,8 +68,30 @@ def test_a_mask_in_a_float_dtype_is_the_bool_mask_as_ones_and_zeros(dtype):
     assert torch.equal(as_dtype, kept.to(dtype))
 
 
+def test_cheaper_dropout_is_dropout_with_that_mask():
+    """Forward and backward: the hidden states times the kept mask over 1 - p, zeros where dropped."""
+    from torch import nn
+
+    from finetune.training.dropout_masks import cheaper_dropout
+
+    module = nn.Dropout(0.25).train()
+    forward = cheaper_dropout(module)
+    hidden = torch.randn(6, 40, 384, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(11)
+    out = forward(hidden)
+    torch.manual_seed(11)
+    expected = hidden.detach() * dropout_keep(hidden.shape, 0.25).double() / 0.75
+    assert torch.allclose(out, expected, rtol=1e-15, atol=0)
+    out.sum().backward()
+    assert torch.allclose(hidden.grad, (expected != 0).double() / 0.75, rtol=1e-15, atol=0)
+    module.eval()
+    assert torch.equal(forward(hidden), hidden)
+
+
 def _draw_in_child(queue):
-    queue.put(int(dropout_keep((3 * CHUNK_ENTRIES,), 0.5).sum()))
+    # Counted by numpy: a torch reduction this size runs on OpenMP threads, which hang in a child forked
+    # from a parent that had used them (the case under -n 0, with two torch threads), whatever the mask.
+    queue.put(int(dropout_keep((3 * CHUNK_ENTRIES,), 0.5).numpy().sum()))
 
 
 def test_a_forked_process_draws_masks_with_threads_of_its_own():
