@@ -202,6 +202,12 @@ def _model_shape(run: Any, num_labels: int) -> dict[str, int]:
     }
 
 
+# The GEMM peak's products, size and how many a round: a GPU needs bigger products (and more of them) to
+# reach its peak than 2 CPU cores. The tests of the report shrink the CPU's (the peak has a test of its own).
+GPU_GEMM_PRODUCTS = (8192, 20)
+CPU_GEMM_PRODUCTS = (2048, 8)
+
+
 def _machine(precision: str, device: str) -> tuple[float, float]:
     """This machine's measured matrix-product peak (GFLOP/s) at ``precision``, and its load average now."""
     import torch
@@ -209,8 +215,7 @@ def _machine(precision: str, device: str) -> tuple[float, float]:
     from .flops import measure_gemm_peak
 
     gemm_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-    # A GPU needs bigger products (and more of them) to reach its peak than 2 CPU cores.
-    gemm_size, gemm_repeats = (8192, 20) if device == "cuda" else (2048, 8)
+    gemm_size, gemm_repeats = GPU_GEMM_PRODUCTS if device == "cuda" else CPU_GEMM_PRODUCTS
     gemm_peak = measure_gemm_peak(gemm_size, gemm_repeats, device=device, dtype=gemm_dtype)
     load = os.getloadavg()[0]
     if load > 0.5 * (os.cpu_count() or 1):
