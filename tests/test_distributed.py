@@ -47,8 +47,8 @@ TESTS = Path(__file__).parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={PROCESSES}"]
 
 
-def launch(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
-    """Run a launcher's ``command``; fail with the tail of its output."""
+def launch(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Run a launcher's ``command``; its stdout and stderr, or fail with their tail."""
     done = subprocess.run(
         command,
         cwd=cwd,
@@ -58,6 +58,7 @@ def launch(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> 
         timeout=300,
     )
     assert done.returncode == 0, f"exit status {done.returncode}:\n{(done.stdout + done.stderr)[-4000:]}"
+    return done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
@@ -231,21 +232,30 @@ def free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_launched_train_writes_from_rank_0_only(tmp_path, tiny_model_dir, launcher):
-    """``torchrun ... -m finetune train`` and ``accelerate launch ... -m finetune train``, unchanged."""
+def test_readme_launch_trains_as_two_processes_on_the_cpu_writing_from_rank_0_only(tmp_path, tiny_model_dir, launcher):
+    """``torchrun ... -m finetune train`` and ``accelerate launch ... -m finetune train`` as the README has them.
+
+    No use_cpu in the recipe: both processes once set themselves up as a lone process 0, and the second met
+    the first's folder lock ("another finetune run"). One launch a launcher checks both that and the writes.
+    """
     run_dir = tmp_path / "run"
-    recipe = tiny_recipe(tmp_path, tiny_model_dir, run_dir)
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, run_dir, use_cpu=None)
     hooks, env = recording_writes(tmp_path, run_dir)
     command = LAUNCHERS[launcher]
     if launcher == "accelerate":
         command = [*command, "--main_process_port", str(free_port())]
-    launch([*command, "-m", "finetune", "train", str(recipe), "--num_train_epochs", "1"], cwd=tmp_path, env=env)
+    output = launch(
+        [*command, "-m", "finetune", "train", str(recipe), "--num_train_epochs", "1"], cwd=tmp_path, env=env
+    )
 
+    assert output.count("no GPU found: the 2 launched processes train together on the CPU") == 1  # rank 0 only
     state = json.loads((run_dir / "trainer_state.json").read_text())
     train_rows = json.loads((run_dir / "finetune_run.json").read_text())["data_report"]["rows"]["train"]
     global_micro_batches = math.ceil(train_rows / (PROCESSES * 16))
-    assert state["global_step"] == math.ceil(global_micro_batches / 2)  # n_accumulate 2, one epoch
-    assert (run_dir / "model.safetensors").is_file()
+    # n_accumulate 2, micro-batch 16 on each of 2 processes, one epoch; one process alone would take 15 updates.
+    assert state["global_step"] == math.ceil(global_micro_batches / 2) == 8
+    assert json.loads((run_dir / "report" / "metrics.json").read_text())["batch"]["world_size"] == PROCESSES
+    assert sorted(path.name for path in run_dir.glob("*.safetensors")) == ["model.safetensors"]
     assert (run_dir / f"checkpoint-{state['global_step']}").is_dir()
     assert json.loads((run_dir / "test_report.json").read_text())["num_samples"] == 111  # each test review once
     # Python-level writes only: torch.save and safetensors write from C++ and Rust, in Trainer's

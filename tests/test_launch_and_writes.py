@@ -3,9 +3,9 @@
 The cases, each a bad-input case in the sense of tests/bad_input/ (one
 line naming the problem and the fix, exit status 2, nothing on disk lost):
 
-- launching: the README's ``torchrun --nproc_per_node 2 -m finetune train`` and ``accelerate launch
-  --multi_gpu --num_processes 2`` on a machine without a GPU and without use_cpu (they train as 2
-  processes); a launch whose processes would each train alone (refused before any folder is made);
+- launching (the README's launches on a machine without a GPU train as 2 processes: in
+  tests/test_distributed.py, with what each rank writes): a launch whose processes would each train
+  alone (refused before any folder is made);
   a run folder locked by a process of the same launch (named as such, not as another run);
   ``--seeds`` under torchrun (rank 0 alone writes and prints the summary);
 - writing: predict --output onto /dev/full (through a link); evaluate under a file-size limit (the
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import resource
 import subprocess
@@ -28,11 +27,9 @@ from pathlib import Path
 import pytest
 import warm_processes
 from helpers import tiny_recipe
-from test_distributed import LAUNCHERS, PROCESSES, free_port
+from test_distributed import LAUNCHERS, PROCESSES
 
 from finetune.errors import FinetuneError
-
-TRAIN_REVIEWS = 458  # data/reviews' train split, as tiny_recipe reads it
 
 
 def launched(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -42,30 +39,7 @@ def launched(command: list[str], cwd: Path, env: dict[str, str] | None = None) -
     )
 
 
-def launcher_command(launcher: str) -> list[str]:
-    command = LAUNCHERS[launcher]
-    return [*command, "--main_process_port", str(free_port())] if launcher == "accelerate" else command
-
-
 # --------------------------------------------------------------------------- launching
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_readme_launch_on_cpu_without_use_cpu_trains_as_two_processes(tmp_path, tiny_model_dir, launcher):
-    # Both processes once set themselves up as a lone process 0: the second met the first's folder
-    # lock and was told "another finetune run" held it (before the lock, two trainings shared the folder).
-    run_dir = tmp_path / "run"
-    recipe = tiny_recipe(tmp_path, tiny_model_dir, run_dir, use_cpu=None, num_train_epochs=1, baseline="false")
-    done = launched([*launcher_command(launcher), "-m", "finetune", "train", str(recipe)], cwd=tmp_path)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    assert output.count("no GPU found: the 2 launched processes train together on the CPU") == 1  # rank 0 only
-    state = json.loads((run_dir / "trainer_state.json").read_text())
-    # n_accumulate 2, micro-batch 16 on each of 2 processes; one process alone would take 15 updates.
-    assert state["global_step"] == math.ceil(math.ceil(TRAIN_REVIEWS / (PROCESSES * 16)) / 2) == 8
-    assert json.loads((run_dir / "report" / "metrics.json").read_text())["batch"]["world_size"] == PROCESSES
-    assert sorted(path.name for path in run_dir.glob("*.safetensors")) == ["model.safetensors"]
 
 
 # Loaded by the launched processes: torch then claims an accelerator it cannot use for a distributed
