@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from ..config.output_files import OUTPUT_FLAG, check_output_file, write_output_text
+from ..data.columns import column_values
 
 
 def baseline(recipe: str | None, overrides: list[str] | None = None, output: str | None = None) -> dict[str, Any]:
@@ -25,9 +26,17 @@ def baseline(recipe: str | None, overrides: list[str] | None = None, output: str
     data = load_review_data(run.data, seed=run.training.seed)
     print("\n".join(data.report.summary_lines()), file=sys.stderr)
     splits = data.splits
-    to_score = {split: (splits[split]["text"], splits[split]["labels"]) for split in splits if split != "train"}
+    to_score = {
+        split: (column_values(splits[split], "text"), column_values(splits[split], "labels"))
+        for split in splits
+        if split != "train"
+    }
     result = run_baseline(
-        splits["train"]["text"], splits["train"]["labels"], to_score, data.label_names, seed=run.training.seed
+        column_values(splits["train"], "text"),
+        column_values(splits["train"], "labels"),
+        to_score,
+        data.label_names,
+        seed=run.training.seed,
     )
 
     print(f"{result.description}: fit on {result.train_reviews} reviews, {result.features:,} features")

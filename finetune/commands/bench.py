@@ -42,6 +42,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..config.output_files import OUTPUT_FLAG, check_output_file, write_output_text
+from ..data.columns import column_values
 from ..errors import FinetuneError
 from .bench_systems import (
     CLASSIC_LOOP,
@@ -272,7 +273,9 @@ def _class_weights(args: Any, encoded: Any, num_labels: int) -> Any:
     """The class weights the recipe asks for (None without), given to every system alike."""
     from ..data.class_weights import class_weights_for
 
-    return class_weights_for(getattr(args, "class_weighting", "none"), encoded["train"]["labels"], num_labels)
+    return class_weights_for(
+        getattr(args, "class_weighting", "none"), column_values(encoded["train"], "labels"), num_labels
+    )
 
 
 def _add_rows(

@@ -20,6 +20,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..data.columns import column_values
+
 REVIEW_TRAINER = "ReviewTrainer"
 STOCK_TRAINER = "stock Trainer"
 CLASSIC_LOOP = "classic loop"
@@ -593,7 +595,7 @@ def _predict_folder(spec: SystemSpec, queue: Any) -> dict[str, Any]:
 
     run = load_recipe(spec.recipe, [*spec.overrides, "--output_dir", _scratch_dir(spec)])
     samples = datasets.load_from_disk(spec.dataset_path)
-    texts, labels = list(samples["text"]), list(samples["labels"])
+    texts, labels = column_values(samples, "text"), column_values(samples, "labels")
     model, tokenizer = load_inference_model(Path(spec.model_dir))
     encoding = dataclasses.replace(ReviewEncoding.from_fields(dataclasses.asdict(run.data)), sliding_window=False)
     batch_size = run.training.per_device_eval_batch_size

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.output_files import write_output_text
+from ..data.columns import column_values
 from ..data.encoding import ReviewEncoding
 from ..errors import FinetuneError
 
@@ -406,11 +407,11 @@ def load_labelled_texts(
         if not Path(data).is_file():
             raise FinetuneError(f"data file not found: {data}; check the path")
         scored = load_labelled_file(Path(data), data_args, label_names, unguard_csv=not raw_csv)
-        scoring = ScoringData(list(scored["text"]), list(scored["labels"]), encoding)
+        scoring = ScoringData(column_values(scored, "text"), column_values(scored, "labels"), encoding)
         if run_config is not None:
             with contextlib.suppress(FinetuneError, OSError):
                 train = load_run_data(run_config, data_args).splits["train"]
-                scoring.train_texts, scoring.train_labels = list(train["text"]), list(train["labels"])
+                scoring.train_texts, scoring.train_labels = column_values(train, "text"), column_values(train, "labels")
         return scoring
     splits = load_run_data(run_config, data_args).splits
     changed = changed_data_files(run_config, data_args)
@@ -426,11 +427,11 @@ def load_labelled_texts(
             f"the run's data has no '{split}' split (it has {', '.join(splits)}); pass {' or '.join(choices)}"
         )
     return ScoringData(
-        list(splits[split]["text"]),
-        list(splits[split]["labels"]),
+        column_values(splits[split], "text"),
+        column_values(splits[split], "labels"),
         encoding,
-        list(splits["train"]["text"]),
-        list(splits["train"]["labels"]),
+        column_values(splits["train"], "text"),
+        column_values(splits["train"], "labels"),
     )
 
 

@@ -9,6 +9,7 @@ import numpy as np
 from sklearn.utils.class_weight import compute_class_weight
 
 from ..errors import FinetuneError
+from .columns import column_values
 
 # What `class_weighting` may say: none, scikit-learn's 'balanced', or its square root.
 CLASS_WEIGHTINGS = ("none", "balanced", "sqrt")
@@ -69,7 +70,7 @@ def training_labels(dataset: Any) -> list[int]:
                 f"class weighting needs a labels column, and the training set has {columns}; "
                 "name the label column 'labels' or set class_weighting: none"
             )
-        return [int(label) for label in dataset[name]]
+        return [int(label) for label in column_values(dataset, name)]
     labels = []
     for index in range(len(dataset)):
         example = dataset[index]

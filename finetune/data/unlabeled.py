@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import FinetuneError
+from .columns import column_values
 
 # The draw of max_unlabeled reviews does not follow the training seed: every student of a teacher (--seeds)
 # on the same splits gets the same reviews, so the teacher labels them once.
@@ -71,7 +72,7 @@ def unused_reviews(data_args: DataArguments, data: ReviewData) -> UnusedReviews:
         test_file=None,
     )
     raw = read_sources(source_args)
-    in_splits = {text for split in data.splits.values() for text in split["text"]}
+    in_splits = {text for split in data.splits.values() for text in column_values(split, "text")}
     seen: set[str] = set()
     kept: list[str] = []
     source_reviews = left_out = 0

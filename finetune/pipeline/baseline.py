@@ -6,6 +6,8 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..data.columns import column_values
+
 if TYPE_CHECKING:
     from ..data.splits import ReviewData
 
@@ -39,9 +41,11 @@ def _baseline_inputs(data: ReviewData) -> tuple[Any, Any, dict[str, tuple[Any, A
     """The train split's texts and labels, and the splits the baseline is scored on (validation, test)."""
     splits = data.splits
     to_score = {
-        split: (splits[split]["text"], splits[split]["labels"]) for split in ("validation", "test") if split in splits
+        split: (column_values(splits[split], "text"), column_values(splits[split], "labels"))
+        for split in ("validation", "test")
+        if split in splits
     }
-    return splits["train"]["text"], splits["train"]["labels"], to_score
+    return column_values(splits["train"], "text"), column_values(splits["train"], "labels"), to_score
 
 
 def _fit_baseline(data: ReviewData, seed: int) -> Any:

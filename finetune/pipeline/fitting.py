@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.output_files import write_output_text
+from ..data.columns import column_values
 from ..errors import TrainingInterrupted
 from .flags import HOW_TO_RUN_FLAGS, without_flags
 
@@ -80,11 +81,11 @@ def _calibrate(trainer: Any, inputs: RunInputs) -> dict[str, Any]:
 
     if inputs.encoding.sliding_window:
         # Validation read whole, in windows, as the test split and predict will read reviews.
-        texts = inputs.data.splits["validation"]["text"]
+        texts = column_values(inputs.data.splits["validation"], "text")
         probabilities = predict_probabilities(
             trainer.model, inputs.tokenizer, texts, trainer.args.per_device_eval_batch_size, inputs.encoding
         )
-        labels = list(inputs.data.splits["validation"]["labels"])
+        labels = column_values(inputs.data.splits["validation"], "labels")
     else:
         prediction = trainer.predict(inputs.encoded["validation"], metric_key_prefix="calibration")
         probabilities, labels = softmax(prediction.predictions, axis=-1), prediction.label_ids

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..data.columns import column_values
 from ..errors import FinetuneError
 
 # Flags that name where the reviews come from: with one of them, no recipe is needed.
@@ -176,7 +177,7 @@ def _rating_values(flags: list[str]) -> list[int] | None:
         return None
     if column not in table.column_names:
         return None
-    values = {value for value in table[column] if value is not None and str(value).strip() != ""}
+    values = {value for value in column_values(table, column) if value is not None and str(value).strip() != ""}
     if len(values) == 1:
         raise FinetuneError(
             f"{train_file}: every label in '{column}' is {next(iter(values))!r}, and a classifier needs at least "

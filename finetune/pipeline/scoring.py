@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.output_files import write_output_text
+from ..data.columns import column_values
 
 if TYPE_CHECKING:
     from .reading import RunInputs
@@ -26,11 +27,11 @@ def score_test(trainer: Any, inputs: RunInputs) -> dict[str, Any] | None:
         predicted = predict_probabilities(
             trainer.model,
             inputs.tokenizer,
-            inputs.data.splits["test"]["text"],
+            column_values(inputs.data.splits["test"], "text"),
             args.per_device_eval_batch_size,
             inputs.encoding,
         ).argmax(-1)
-        references = list(inputs.data.splits["test"]["labels"])
+        references = column_values(inputs.data.splits["test"], "labels")
     else:
         prediction = trainer.predict(inputs.encoded["test"], metric_key_prefix="test")
         predicted, references = prediction.predictions.argmax(-1), prediction.label_ids

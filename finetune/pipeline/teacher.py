@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..data.columns import column_values
 from ..errors import FinetuneError
 
 UNLABELED_FORMATS = (".csv", ".tsv", ".jsonl", ".json")
@@ -119,7 +120,9 @@ class TeacherRun:
             return
         config = find_run_config(self.folder) or {}
         try:
-            teacher_train = set(load_run_data(config).splits["train"]["text"]) if config.get("data") else set()
+            teacher_train = (
+                set(column_values(load_run_data(config).splits["train"], "text")) if config.get("data") else set()
+            )
         except (FinetuneError, OSError, KeyError, TypeError) as error:
             print(
                 f"warning: the teacher's training reviews could not be read back ({error}), so whether the "
@@ -127,7 +130,7 @@ class TeacherRun:
                 file=sys.stderr,
             )
             return
-        seen = sum(text in teacher_train for text in data.splits["test"]["text"])
+        seen = sum(text in teacher_train for text in column_values(data.splits["test"], "text"))
         if seen:
             raise FinetuneError(
                 f"{seen} of the recipe's {len(data.splits['test'])} test reviews trained the teacher {self.folder}, "
@@ -257,7 +260,7 @@ class Distillation:
         from ..training.distillation import NO_LABEL, TEACHER_COLUMN
 
         self.teacher.check_classes(data.label_names, "the recipe's data")
-        train_texts = list(data.splits["train"]["text"])
+        train_texts = column_values(data.splits["train"], "text")
         unlabeled_texts = list(self.unlabeled_texts)
         if self.unused is not None:
             self.notes.append(self.unused.note())

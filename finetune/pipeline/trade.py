@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..data.columns import column_values
+
 if TYPE_CHECKING:
     from ..data.splits import ReviewData
 
@@ -47,8 +49,8 @@ def measure_trade(
     from ..evaluation.report import REPORT_DIR, add_to_run_metrics
     from ..training.runs import find_run_config
 
-    texts = list(data.splits["test"]["text"])
-    labels = np.asarray(data.splits["test"]["labels"])
+    texts = column_values(data.splits["test"], "text")
+    labels = np.asarray(column_values(data.splits["test"], "labels"))
     student, student_tokenizer = load_inference_model(student_dir)
     student_encoding = ReviewEncoding.from_fields((find_run_config(student_dir) or {}).get("data") or {})
     teacher_model, teacher_tokenizer = load_inference_model(teacher.folder)
@@ -99,7 +101,9 @@ def _timed(
         if int8_dir is not None:
             int8, _ = load_inference_model(int8_dir)
             labels = predict_probabilities(int8, tokenizer, texts, batch_size, encoding).argmax(axis=1)
-            found["student_int8"] = _scores(labels, np.asarray(data.splits["test"]["labels"]), data.label_names)
+            found["student_int8"] = _scores(
+                labels, np.asarray(column_values(data.splits["test"], "labels")), data.label_names
+            )
             found["int8_backend"] = backend
             speeds["student_int8"] = _reviews_per_second(int8, tokenizer, timed, batch_size, encoding)
     return found
@@ -174,6 +178,6 @@ def _student_int8(
         export_int8(student, tokenizer, folder, source=str(student_dir))
         return folder, "onnxruntime"
     folder = Path(scratch) / "int8"
-    calibration = sample_calibration_texts(list(data.splits["train"]["text"]), CALIBRATION_REVIEWS)
+    calibration = sample_calibration_texts(column_values(data.splits["train"], "text"), CALIBRATION_REVIEWS)
     export_openvino_int8(student, tokenizer, folder, str(student_dir), calibration, encoding, "the train split")
     return folder, "openvino"

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..data.class_weights import class_weights_for
+from ..data.columns import column_values
 from .trainer import ReviewTrainer
 
 # The dataset column (and batch key) holding the teacher's log-probabilities for a review.
@@ -84,7 +85,7 @@ class DistillationTrainer(ReviewTrainer):
         strategy = getattr(arguments, "class_weighting", "none")
         if class_weights is None and strategy != "none" and train_dataset is not None:
             # Unlabelled reviews (-100) have no class to count.
-            labels = [label for label in train_dataset["labels"] if label != NO_LABEL]
+            labels = [label for label in column_values(train_dataset, "labels") if label != NO_LABEL]
             model = kwargs.get("model")
             class_weights = class_weights_for(strategy, labels, model.config.num_labels)
         super().__init__(*args, class_weights=class_weights, **kwargs)

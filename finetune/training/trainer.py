@@ -70,6 +70,7 @@ from transformers.utils import logging
 from ..config.arguments import validate_accumulation_steps
 from ..data.class_weights import class_weights_for, training_labels, validate_class_weights
 from ..data.collation import faster_collator
+from ..data.columns import column_values, token_counts
 from ..errors import FinetuneError
 from .accumulation import (
     epochs_to_run,
@@ -188,12 +189,38 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         dropout also draws from: a resumed run (and every other rank) would draw
         another order. Seeded with ``seed + epoch``, the order is the same in all.
         """
-        sampler = super()._get_train_sampler(train_dataset)
+        lengths = self._arrow_lengths(train_dataset if train_dataset is not None else self.train_dataset)
+        if lengths is not None:
+            # The sampler stock Trainer builds, without its pass that decodes every row for its length.
+            sampler = LengthGroupedSampler(
+                self.args.train_batch_size * self.args.gradient_accumulation_steps, lengths=lengths
+            )
+        else:
+            sampler = super()._get_train_sampler(train_dataset)
         if type(sampler) is LengthGroupedSampler:
             seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
             # Sorted groups span a global window (N x b x n samples), as one process's span its window.
             return SeedableLengthGroupedSampler(sampler.batch_size * self.args.world_size, sampler.lengths, seed)
         return sampler
+
+    def _arrow_lengths(self, train_dataset: Any) -> list[int] | None:
+        """Each training sample's length for ``group_by_length``, read from the Arrow table; None to leave it to stock.
+
+        Stock Trainer reads ``length_column_name`` as a lazy column (then an Arrow
+        lookup per sample in every epoch's sort), or else decodes every row to
+        measure its ``input_ids`` (2.6 s at 40,000 reviews). A slice of the column,
+        or the Arrow list lengths, give the same numbers at once.
+        """
+        import datasets
+
+        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(train_dataset, datasets.Dataset):
+            return None
+        if self.args.length_column_name in train_dataset.column_names:
+            return [int(length) for length in column_values(train_dataset, self.args.length_column_name)]
+        input_name = self.processing_class.model_input_names[0] if self.processing_class is not None else "input_ids"
+        if input_name not in train_dataset.column_names:
+            return None
+        return token_counts(train_dataset, input_name)
 
     def evaluation_loop(self, dataloader: Any, description: str, *args: Any, **kwargs: Any) -> Any:
         """Trainer's evaluation and prediction loop, reading the model more cheaply for the same logits.
