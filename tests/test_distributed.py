@@ -164,7 +164,8 @@ def test_evaluation_counts_each_validation_sample_once(ranks, tiny_model_dir, to
     assert two["metrics"]["eval_samples"] == EVAL_SAMPLES  # what compute_metrics was given
     assert two["labels"] == one["labels"]
     assert two["predictions"] == one["predictions"]
-    assert sorted(two["labels"]) == sorted(review_dataset(tokenizer, EVAL_SAMPLES, seed=2)["labels"])
+    # Scored sorted by length across both ranks, handed to compute_metrics in dataset order.
+    assert two["labels"] == list(review_dataset(tokenizer, EVAL_SAMPLES, seed=2)["labels"])
     assert ranks[1]["evaluation"]["labels"] == two["labels"]  # every rank gathers the same
     # Close, not equal: Trainer's eval loss is per batch, and rank 1's padded last batch holds a repeat.
     assert two["metrics"]["eval_loss"] == pytest.approx(one["metrics"]["eval_loss"], rel=1e-3)

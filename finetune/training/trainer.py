@@ -88,6 +88,7 @@ from .micro_batches import cut_window, keep_features
 from .mpnet_attention import FusedMPNetAttention
 from .packed_attention import PackedReading, attention_group_limit, packed_position_offset
 from .progress import EpochProgressBar, EvaluationProgressCallback
+from .sorted_evaluation import LengthSortedSampler, in_dataset_order, prediction_in_dataset_order, sorted_order
 
 # Trainer's own logger, so that the banner and warnings below follow transformers' verbosity
 # (`log_level`, `transformers.logging.set_verbosity_info()`) and land where stock Trainer's do.
@@ -211,16 +212,36 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         measure its ``input_ids`` (2.6 s at 40,000 reviews). A slice of the column,
         or the Arrow list lengths, give the same numbers at once.
         """
+        if self.args.train_sampling_strategy != "group_by_length":
+            return None
+        return self._sample_lengths(train_dataset)
+
+    def _sample_lengths(self, dataset: Any) -> list[int] | None:
+        """Each sample's length from a ``datasets.Dataset``'s length column or token lists; None for other datasets."""
         import datasets
 
-        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(train_dataset, datasets.Dataset):
+        if not isinstance(dataset, datasets.Dataset):
             return None
-        if self.args.length_column_name in train_dataset.column_names:
-            return [int(length) for length in column_values(train_dataset, self.args.length_column_name)]
+        if self.args.length_column_name in dataset.column_names:
+            return [int(length) for length in column_values(dataset, self.args.length_column_name)]
         input_name = self.processing_class.model_input_names[0] if self.processing_class is not None else "input_ids"
-        if input_name not in train_dataset.column_names:
+        if input_name not in dataset.column_names:
             return None
-        return token_counts(train_dataset, input_name)
+        return token_counts(dataset, input_name)
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
+        """Evaluation and prediction in batches of reviews sorted by length (:mod:`.sorted_evaluation`).
+
+        Kept stock where the results could not be put back in dataset order:
+        metrics computed batch by batch, or predictions returned as a list of
+        batches (``eval_do_concat_batches: false``).
+        """
+        lengths = None
+        if not self.args.batch_eval_metrics and self.args.eval_do_concat_batches:
+            lengths = self._sample_lengths(eval_dataset)
+        if lengths is None:
+            return super()._get_eval_sampler(eval_dataset)
+        return LengthSortedSampler(lengths)
 
     def evaluation_loop(self, dataloader: Any, description: str, *args: Any, **kwargs: Any) -> Any:
         """Trainer's evaluation and prediction loop, reading the model more cheaply for the same logits.
@@ -229,10 +250,24 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         reads nothing else, so the logits (and the loss) are the same and about a
         sixth of the work goes (:mod:`.first_tokens`); a run with ``padding_free``
         has it installed already, for training. MPNet's attention goes through
-        SDPA (:mod:`.mpnet_attention`) unless ``fused_attention`` is false.
+        SDPA (:mod:`.mpnet_attention`) unless ``fused_attention`` is false. Rows
+        scored sorted by length come back in dataset order (:mod:`.sorted_evaluation`).
         """
-        with reading_first_tokens(self.accelerator.unwrap_model(self.model), self.fused_attention):
-            return super().evaluation_loop(dataloader, description, *args, **kwargs)
+        order = sorted_order(dataloader)
+        compute_metrics = self.compute_metrics
+        if order is not None and compute_metrics is not None:
+            # Metrics see the rows in dataset order, whatever order they were scored in.
+            self.compute_metrics = lambda prediction: compute_metrics(prediction_in_dataset_order(prediction, order))
+        try:
+            with reading_first_tokens(self.accelerator.unwrap_model(self.model), self.fused_attention):
+                output = super().evaluation_loop(dataloader, description, *args, **kwargs)
+        finally:
+            self.compute_metrics = compute_metrics
+        if order is None:
+            return output
+        return output._replace(
+            predictions=in_dataset_order(output.predictions, order), label_ids=in_dataset_order(output.label_ids, order)
+        )
 
     # -------------------------------------------------------------- optimizer
 

@@ -43,6 +43,9 @@ TRAINER_MEMBERS: tuple[TrainerMember, ...] = (
     ),
     TrainerMember("_get_train_sampler", "overridden", ("train_dataset",), "training/trainer.py: length grouping"),
     TrainerMember(
+        "_get_eval_sampler", "overridden", ("eval_dataset",), "training/trainer.py: evaluation sorted by length"
+    ),
+    TrainerMember(
         "_prepare_input", "overridden", ("data",), "training/trainer.py: host tensors copied to a GPU without a sync"
     ),
     TrainerMember(
