@@ -375,7 +375,8 @@ def _memory_specs(
 ) -> list[SystemSpec]:
     # Every micro-batch holds the same b longest reviews, so the configurations differ
     # only in n and b: a larger n must not cost activation memory, a larger b does.
-    longest = sorted(range(len(train)), key=lambda row: -train[row]["length"])[:micro_batch]
+    lengths = column_values(train, "length")
+    longest = sorted(range(len(train)), key=lambda row: -lengths[row])[:micro_batch]
     needed = updates * micro_batch * max(MEMORY_ACCUMULATION_STEPS)
     rows = [longest[index % micro_batch] for index in range(needed)]
     samples = train.select(rows).flatten_indices().add_column("sample_id", list(range(needed)))

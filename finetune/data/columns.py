@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def column_values(rows: Any, name: str) -> list:
     """Column ``name`` of ``rows`` (a ``datasets.Dataset`` or a mapping of lists) as a plain list."""
-    return list(rows[name][:])
+    values = rows[name][:]  # a datasets Column's slice is already a fresh list
+    return values if isinstance(values, list) else list(values)
 
 
 def token_counts(rows: datasets.Dataset, name: str = "input_ids") -> list[int]:

@@ -563,7 +563,11 @@ def _describe_counts(counts: collections.Counter) -> str:
 
 
 def _class_counts(rows: datasets.Dataset, num_classes: int) -> list[int]:
-    counts = collections.Counter(column_values(rows, "labels"))
+    return _label_counts(column_values(rows, "labels"), num_classes)
+
+
+def _label_counts(labels: list[int], num_classes: int) -> list[int]:
+    counts = collections.Counter(labels)
     return [counts[class_id] for class_id in range(num_classes)]
 
 
@@ -586,7 +590,7 @@ def _cross_validation_split(
             f"cannot split {len(train)} training reviews into {folds} folds; pass --folds {len(train)} or fewer"
         )
     labels = column_values(train, "labels")
-    smallest_class = min(_class_counts(train, num_classes))
+    smallest_class = min(_label_counts(labels, num_classes))
     # Stratified when every class can give each fold a review; otherwise plain shuffled folds.
     splitter = (
         StratifiedKFold(folds, shuffle=True, random_state=seed)
@@ -610,11 +614,12 @@ def _hold_out(
             f"cannot hold out {held_out} of {len(train)} training reviews as {split}; "
             f"give a {split}_file or change {split}_split_percentage"
         )
-    counts = _class_counts(train, len(label_names))
+    labels = column_values(train, "labels")
+    counts = _label_counts(labels, len(label_names))
     # Stratifying needs every class on both sides: two reviews of each, and room for one of each per side.
     can_stratify = min(counts) >= 2 and min(held_out, len(train) - held_out) >= len(label_names)
     parted = (
-        _stratified_split(train, held_out, seed)
+        _stratified_split(train, labels, held_out, seed)
         if can_stratify
         else train.train_test_split(test_size=held_out, seed=seed)
     )
@@ -625,17 +630,16 @@ def _hold_out(
     return datasets.DatasetDict({name: result[name] for name in ("train", "validation", "test") if name in result})
 
 
-def _stratified_split(train: datasets.Dataset, held_out: int, seed: int) -> datasets.DatasetDict:
+def _stratified_split(train: datasets.Dataset, labels: list[int], held_out: int, seed: int) -> datasets.DatasetDict:
     """``train.train_test_split(test_size=held_out, seed=seed, stratify_by_column="labels")``, the same rows.
 
     datasets draws the split from ``np.asarray`` of the lazy labels column, which
-    formats it row by row (5.6 s at 40,000 reviews); here the labels are read in
-    one slice and handed to the same drawing function with the same generator.
+    formats it row by row (5.6 s at 40,000 reviews); here ``train``'s labels, read
+    in one slice, go to the same drawing function with the same generator.
     """
-    labels = np.asarray(column_values(train, "labels"))
     train_rows, held_out_rows = next(
         stratified_shuffle_split_generate_indices(
-            labels, len(train) - held_out, held_out, rng=np.random.default_rng(seed)
+            np.asarray(labels), len(train) - held_out, held_out, rng=np.random.default_rng(seed)
         )
     )
     return datasets.DatasetDict({"train": train.select(train_rows), "test": train.select(held_out_rows)})
