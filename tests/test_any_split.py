@@ -8,6 +8,7 @@ cutting or packing is in it.
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 
 import pytest
@@ -75,6 +76,50 @@ def test_update_equals_full_batch_step_for_any_split(
             # A piece holds at most the budget, unless it is one review longer than the budget.
             cost = int(batch["attention_mask"].sum()) if packed else batch["input_ids"].numel()
             assert cost <= budget or len(batch["labels"]) == 1
+
+
+class PidRecordingCollator(DataCollatorWithPadding):
+    """Writes the id of the process that collated each batch to ``pid_file`` (a loader worker's stays there)."""
+
+    def __init__(self, tokenizer, pid_file):
+        super().__init__(tokenizer)
+        self.pid_file = pid_file
+
+    def __call__(self, features):
+        with open(self.pid_file, "a") as pids:
+            pids.write(f"{os.getpid()}\n")
+        return super().__call__(features)
+
+
+@pytest.mark.parametrize(
+    ("budget", "packed"), [(None, False), (24, False), (64, True)], ids=["by-count", "budget-24", "packed-64"]
+)
+def test_loader_workers_keep_the_update(initial_model, tokenizer, tmp_path, budget, packed):
+    """Batches collated ahead in loader worker processes (``dataloader_num_workers``) make the same updates."""
+    dataset = review_dataset(tokenizer, 10)
+    reference = reference_full_batch_steps(initial_model, dataset, DataCollatorWithPadding(tokenizer), 8, epochs=2)
+    pid_file = tmp_path / "pids"
+    collator = PidRecordingCollator(tokenizer, pid_file)
+    trained = trained_parameters(
+        ReviewTrainer,
+        initial_model,
+        dataset,
+        collator,
+        tmp_path,
+        4,
+        2,
+        epochs=2,
+        micro_batch_tokens=budget,
+        padding_free=packed,
+        dataloader_num_workers=2,
+    )
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+    pids = pid_file.read_text().split()
+    if budget is None:
+        assert len(pids) == 6 and str(os.getpid()) not in pids  # 3 micro-batches an epoch, collated by workers
+    else:
+        # The workers read the features; a window is cut and its pieces collated in the training process.
+        assert set(pids) == {str(os.getpid())}
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])

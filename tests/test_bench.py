@@ -159,6 +159,26 @@ def test_each_system_pads_as_it_would_in_a_run(tokenizer):
     assert type(classic) is DataCollatorWithPadding and (classic.padding, classic.max_length) == ("max_length", 64)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_recording_collator_records_what_loader_workers_collate(tokenizer, tmp_path, workers):
+    from datasets import Dataset
+
+    from finetune.commands.bench_systems import RecordingCollator
+
+    texts = ["great", "not good at all", "fine I guess", "awful", "the best thing I ever bought", "meh", "ok"]
+    encoded = [tokenizer(text)["input_ids"] for text in texts]
+    samples = Dataset.from_dict(
+        {"input_ids": encoded, "sample_id": list(range(100, 107)), "length": [len(ids) for ids in encoded]}
+    )
+    collator = RecordingCollator(tokenizer, record_dir=str(tmp_path))
+    loader = torch.utils.data.DataLoader(samples, batch_size=2, num_workers=workers, collate_fn=collator)
+    batches = [batch["input_ids"].shape for batch in loader]
+    sample_ids, lengths, worker_batches = collator.recorded()
+    # Every sample once, with its own length, whichever process collated it.
+    assert sorted(zip(sample_ids, lengths, strict=True)) == [(100 + i, len(ids)) for i, ids in enumerate(encoded)]
+    assert worker_batches == (len(batches) if workers else 0) and len(batches) == 4
+
+
 def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):
     output = tmp_path / "memory.json"
     recipe = tiny_bench_recipe(tmp_path, tiny_model_dir)
@@ -176,7 +196,7 @@ def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):
 
 
 def test_recipe_options_reach_every_system_and_class_weights_come_from_the_whole_train_split(tmp_path, tiny_model_dir):
-    """Balanced class weights, bf16 autocast and fused AdamW (all three run on the CPU too), in one bench."""
+    """Balanced class weights, bf16 autocast, fused AdamW and a loader worker (all run on the CPU too), in one bench."""
     # One update of one review holds one class of three: weights computed from the bench's own
     # reviews would be refused ("needs training reviews of every class"), as a shipped recipe's were.
     output = tmp_path / "bench.json"
@@ -190,9 +210,13 @@ def test_recipe_options_reach_every_system_and_class_weights_come_from_the_whole
         "--gradient_accumulation_steps",
         "1",
     ]
-    assert main(["bench", recipe, *flags, *fields, "--optim", "adamw_torch_fused"]) == 0
+    workers = ["--dataloader_num_workers", "1"]
+    assert main(["bench", recipe, *flags, *fields, "--optim", "adamw_torch_fused", *workers]) == 0
     report = json.loads(output.read_text())
     assert [row["samples"] for row in report["systems"]] == [1, 1, 1]
+    # Each system's one batch came from its loader worker (the classic loop's included), recorded there.
+    assert report["loader_workers"] == 1
+    assert [row["batches_collated_in_loader_workers"] for row in report["systems"]] == [1, 1, 1]
     assert [row["updates"] for row in report["systems"]] == [1, 1, 1]
     assert all(np.isfinite(row["train_loss"]) for row in report["systems"])
     # Every system trains in bf16, and the peak its MFU is read against is bf16's.

@@ -114,6 +114,7 @@ def bench(
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "max_length": run.data.max_length,
         "threads": torch.get_num_threads(),
+        "loader_workers": args.dataloader_num_workers,
         "load_average_at_start": load,
         "gemm_peak_gflops": gemm_peak,
         "gemm_peak_dtype": precision,
@@ -581,6 +582,8 @@ def _speed_row(result: dict[str, Any], model_shape: dict[str, int], gemm_peak: f
         "model_host_syncs_per_update": result["model_host_syncs"] / result["updates"],
         **_gpu_fields(result),
         "graphs_compiled_while_timed": result.get("graphs_compiled_while_timed"),
+        # Batches collated ahead of the loop by the recipe's loader workers (dataloader_num_workers; 0: none).
+        "batches_collated_in_loader_workers": result["batches_collated_in_loader_workers"],
         # Operators dispatched per update: on a GPU, the kernel launches the host makes (--count_ops).
         **(
             {"dispatched_ops_per_update": result["dispatched_ops"] / result["updates"]}
@@ -687,6 +690,11 @@ def format_speed_report(report: dict[str, Any]) -> str:
         f"{report['gradient_accumulation_steps']} samples, {report['threads']} threads, "
         f"GEMM peak {report['gemm_peak_gflops']:.0f} GFLOP/s",
         f"device {report['device']}, {report['precision']}",
+        *(
+            [f"every system's batches collated by {report['loader_workers']} loader workers (dataloader_num_workers)"]
+            if report.get("loader_workers")
+            else []
+        ),
         *(
             [f"every system compiled ({report['compiled']}), each in an untimed run first"]
             if report.get("compiled")

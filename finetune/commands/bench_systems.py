@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import pathlib
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -191,9 +193,22 @@ def _scratch_dir(spec: SystemSpec) -> str:
 
 
 class RecordingCollator:
-    """Pads like the system would and records which samples it saw and their real (unpadded) lengths."""
+    """Pads like the system would and records which samples it saw and their real (unpadded) lengths.
 
-    def __init__(self, tokenizer: Any, pad_to_max_length: int | None = None, review_trainer: bool = False) -> None:
+    With loader workers (``dataloader_num_workers`` > 0) a batch is collated in a
+    worker process, where a record kept in memory would stay; there each batch's
+    record is appended to a file of ``record_dir`` instead, and :meth:`recorded`
+    reads them back in the system's process.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        pad_to_max_length: int | None = None,
+        review_trainer: bool = False,
+        record_dir: str | None = None,
+    ) -> None:
+        from torch.utils.data import get_worker_info
         from transformers import DataCollatorWithPadding
 
         from ..data.collation import faster_collator
@@ -207,13 +222,34 @@ class RecordingCollator:
             self.collate = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=pad_to_max_length)
         self.sample_ids: list[int] = []
         self.lengths: list[int] = []
+        self.record_dir = record_dir
+        self._worker_info = get_worker_info
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         features = [dict(feature) for feature in features]
-        for feature in features:
-            self.sample_ids.append(int(feature.pop("sample_id")))
-            self.lengths.append(int(feature.pop("length")))
+        sample_ids = [int(feature.pop("sample_id")) for feature in features]
+        lengths = [int(feature.pop("length")) for feature in features]
+        if self._worker_info() is None:
+            self.sample_ids += sample_ids
+            self.lengths += lengths
+        else:
+            if self.record_dir is None:
+                raise RuntimeError("RecordingCollator in a loader worker needs a record_dir to write to")
+            # One file a worker, so no two processes append to one file.
+            with open(os.path.join(self.record_dir, f"worker-{os.getpid()}.jsonl"), "a") as records:
+                records.write(json.dumps([sample_ids, lengths]) + "\n")
         return self.collate(features)
+
+    def recorded(self) -> tuple[list[int], list[int], int]:
+        """The sample ids and lengths recorded here and in loader workers, and how many batches workers collated."""
+        sample_ids, lengths, worker_batches = list(self.sample_ids), list(self.lengths), 0
+        for path in sorted(pathlib.Path(self.record_dir).glob("worker-*.jsonl")) if self.record_dir else []:
+            for line in path.read_text().splitlines():
+                batch_ids, batch_lengths = json.loads(line)
+                sample_ids += batch_ids
+                lengths += batch_lengths
+                worker_batches += 1
+        return sample_ids, lengths, worker_batches
 
 
 def _progress_callback(queue: Any) -> Any:
@@ -313,7 +349,11 @@ def _train_once(
     on_gpu = spec.device == "cuda"
     queue = queue if queue is not None else _Discard()
     pad_to = run.data.max_length if spec.system == CLASSIC_LOOP else None
-    collator = RecordingCollator(tokenizer, pad_to_max_length=pad_to, review_trainer=spec.system == REVIEW_TRAINER)
+    # Loader workers (dataloader_num_workers) record what they collate in files of this folder.
+    record_dir = tempfile.mkdtemp(prefix="records-", dir=os.path.dirname(spec.dataset_path))
+    collator = RecordingCollator(
+        tokenizer, pad_to_max_length=pad_to, review_trainer=spec.system == REVIEW_TRAINER, record_dir=record_dir
+    )
     # What the model computed, padding included, counted where it computes: ReviewTrainer may cut and
     # pack the collated batches again, so the collator's count would not be what ran.
     computed = _ComputedTokens(model, spec.device)
@@ -338,6 +378,10 @@ def _train_once(
         # packed_attention.CPU_ATTENTION_GROUP_BYTES).
         page_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
     computed.remove()
+    sample_ids, lengths, worker_batches = collator.recorded()
+    shutil.rmtree(record_dir)
+    if not sample_ids:
+        raise RuntimeError(f"{spec.system} trained on no recorded samples; the bench cannot compare its rate")
     # Timed from the first forward: a trainer's set-up (accelerator, optimizer, loader, callbacks) is paid
     # once a run, about a second, and in a bench of 20 updates it would outweigh the updates themselves.
     training_started = computed.first_forward_at if computed.first_forward_at is not None else started
@@ -347,10 +391,11 @@ def _train_once(
         "seconds": ended - training_started,
         "setup_seconds": training_started - started,
         "updates": updates,
-        "samples": len(collator.sample_ids),
-        "sample_ids": sorted(collator.sample_ids),
-        "lengths": collator.lengths,
-        "real_tokens": sum(collator.lengths),
+        "samples": len(sample_ids),
+        "sample_ids": sorted(sample_ids),
+        "lengths": lengths,
+        "real_tokens": sum(lengths),
+        "batches_collated_in_loader_workers": worker_batches,
         "padded_tokens": computed.tokens,
         "forward_passes": computed.forward_passes,
         "minor_page_faults": page_faults,
@@ -488,6 +533,8 @@ def _classic_loop(
         shuffle=True,
         generator=torch.Generator().manual_seed(args.seed),
         collate_fn=collator,
+        # As the trainers' loaders: the recipe's workers collate ahead of the loop.
+        num_workers=args.dataloader_num_workers,
     )
     model.to(device)
     optimizer, scheduler = _classic_optimizer(model, args, updates)
