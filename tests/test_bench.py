@@ -179,6 +179,30 @@ def test_the_recording_collator_records_what_loader_workers_collate(tokenizer, t
     assert worker_batches == (len(batches) if workers else 0) and len(batches) == 4
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_classic_loop_checkpoints_activations_when_asked(tiny_model_dir, tokenizer, tmp_path, checkpointing):
+    """Activation checkpointing as the trainers get it from Trainer: a layer's forward runs again in the backward."""
+    from helpers import quiet_args, review_dataset
+    from transformers import BertForSequenceClassification
+
+    from finetune.commands.bench_systems import RecordingCollator, _classic_loop, _Discard
+
+    samples = review_dataset(tokenizer, 4)
+    samples = samples.add_column("sample_id", list(range(4))).add_column(
+        "length", [len(ids) for ids in samples["input_ids"]]
+    )
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=3)
+    layer_forwards = []
+    # A hook inside the first layer: the recomputation skips the layer's own hooks, not those of its parts.
+    model.bert.encoder.layer[0].attention.register_forward_hook(lambda *_: layer_forwards.append(1))
+    args = quiet_args(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    args.activation_checkpointing = checkpointing
+    collator = RecordingCollator(tokenizer, record_dir=str(tmp_path))
+    _classic_loop(model, samples, collator, args, updates=1, queue=_Discard())
+    # One micro-batch: one forward of the layer, and with checkpointing its recomputation in the backward.
+    assert len(layer_forwards) == (2 if checkpointing else 1)
+
+
 def test_memory_mode_runs_each_accumulation_setting(tmp_path, tiny_model_dir):
     output = tmp_path / "memory.json"
     recipe = tiny_bench_recipe(tmp_path, tiny_model_dir)

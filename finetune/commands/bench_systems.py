@@ -520,8 +520,9 @@ def _classic_loop(
     """The loop most tutorials show: pad to max_length, ``loss / n``, step when ``(step + 1) % n == 0``.
 
     On ``device``, in the recipe's precision (bf16 autocast, or fp16 with a
-    GradScaler) and with fused AdamW when the recipe's ``optim`` asks for it, so
-    that it differs from the trainers in its loop only. ``counters`` count
+    GradScaler), with fused AdamW, activation checkpointing and loader workers
+    when the recipe asks for them, so that it differs from the trainers in its
+    loop only. ``counters`` count
     host syncs while it runs.
     """
     import torch
@@ -537,6 +538,12 @@ def _classic_loop(
         num_workers=args.dataloader_num_workers,
     )
     model.to(device)
+    if args.activation_checkpointing:  # (or gradient_checkpointing) as Trainer sets it up
+        checkpointing = dict(args.activation_checkpointing_kwargs or {})
+        every_n_layers, offload = checkpointing.pop("every_n_layers", 1), checkpointing.pop("offload", False)
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=checkpointing or None, every_n_layers=every_n_layers, offload=offload
+        )
     optimizer, scheduler = _classic_optimizer(model, args, updates)
     if args.torch_compile:  # as the trainers are compiled (by Accelerate), with the recipe's backend and mode
         model = torch.compile(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode)
