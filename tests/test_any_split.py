@@ -122,6 +122,25 @@ def test_loader_workers_keep_the_update(initial_model, tokenizer, tmp_path, budg
         assert set(pids) == {str(os.getpid())}
 
 
+@pytest.mark.parametrize(
+    ("budget", "packed"), [(None, False), (24, False), (64, True)], ids=["by-count", "budget-24", "packed-64"]
+)
+def test_activation_checkpointing_keeps_the_update(initial_model, tokenizer, tmp_path, budget, packed):
+    """Each layer recomputed in the backward (``activation_checkpointing``) reads its micro-batch as the forward did."""
+    dataset = review_dataset(tokenizer, 10)
+    collator = DataCollatorWithPadding(tokenizer)
+    reference = reference_full_batch_steps(initial_model, dataset, collator, 8)
+    model = copy.deepcopy(initial_model)
+    model_forwards, layer_forwards = [], []
+    model.register_forward_pre_hook(lambda *_: model_forwards.append(1))
+    # Inside the first layer: the recomputation skips the layer's own hooks, not those of its parts.
+    model.bert.encoder.layer[0].intermediate.register_forward_hook(lambda *_: layer_forwards.append(1))
+    args = sgd_args(tmp_path, 4, 2, micro_batch_tokens=budget, padding_free=packed, activation_checkpointing=True)
+    ReviewTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator).train()
+    assert_matches_reference(flat_parameters(model), reference, flat_parameters(initial_model))
+    assert model_forwards and len(layer_forwards) == 2 * len(model_forwards)  # every forward recomputed once
+
+
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     micro_batch=st.integers(min_value=1, max_value=6),
