@@ -47,7 +47,7 @@ def checked_start(run: Recipe) -> str | None:
 
     resume = checked_resume_point(run.training, run.data)
     warn_half_precision_without_cpu_kernels(run.training)
-    check_base_model(run.model, run.data.max_length)
+    check_base_model(run.model, run.data.max_length, run.training.activation_checkpointing)
     if resume is not None:
         # Trainer loads a checkpoint's weights leniently: a missing head or layer would go on at random.
         check_model_folder(resume, tokenizer=load_tokenizer(run.model, run.data.truncation_side))

@@ -48,12 +48,14 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
-def check_base_model(model_args: ModelArguments, max_length: int) -> None:
-    """Refuse, before any data is read, a base model that cannot load or cannot read ``max_length`` tokens.
+def check_base_model(model_args: ModelArguments, max_length: int, activation_checkpointing: bool = False) -> None:
+    """Refuse, before any data is read, a base model that cannot load, read ``max_length`` tokens or checkpoint.
 
     A local folder must have safetensors weights (or the recipe must allow
     pickled ones) that are not cut short; the model's position embeddings
-    must cover ``max_length`` (longer inputs would fail in the first batch).
+    must cover ``max_length`` (longer inputs would fail in the first batch);
+    with ``activation_checkpointing`` its classifier must be able to recompute
+    its layers (transformers refuses MPNet's, as a traceback once training starts).
     """
     path = resolve_model_path(model_args.model_name_or_path)
     if Path(path).is_dir():
@@ -66,6 +68,17 @@ def check_base_model(model_args: ModelArguments, max_length: int) -> None:
             f"max_length {max_length} is more than the {positions} positions model '{model_args.model_name_or_path}' "
             f"can read; set max_length to {positions} or less (sliding_window: true reads longer reviews whole)"
         )
+    if activation_checkpointing:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
+
+        # A model of remote code is not in the mapping: it says so itself when training starts.
+        classifier = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING.get(type(config), None)
+        if classifier is not None and not classifier.supports_gradient_checkpointing:
+            raise FinetuneError(
+                f"activation_checkpointing: {classifier.__name__} cannot recompute its layers in transformers; "
+                "drop --activation_checkpointing (or --gradient_checkpointing), and to save memory lower "
+                "micro_batch_tokens or per_device_train_batch_size instead"
+            )
 
 
 def load_tokenizer(model_args: ModelArguments, truncation_side: str = "right") -> PreTrainedTokenizerBase:

@@ -262,3 +262,21 @@ def test_folds_with_its_own_fold_flags_says_they_conflict(tmp_path, tiny_model_d
         "be set too; drop them, or leave out --folds to train one fold"
     )
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", ["--activation_checkpointing", "--gradient_checkpointing"])
+def test_checkpointing_a_model_that_cannot_recompute_is_refused(tmp_path, capsys, flag):
+    # Once a traceback from transformers after the data was read: MPNet's classifier has no checkpointing.
+    from transformers import MPNetConfig, MPNetForSequenceClassification
+
+    config = MPNetConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    MPNetForSequenceClassification(config).save_pretrained(tmp_path / "mpnet")
+    capsys.readouterr()  # the save's progress bar
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    recipe = recipe_with(tmp_path, tmp_path / "mpnet", pooling="cls")
+    assert run_cli(["train", recipe, flag, "true"], capsys) == (
+        "error: activation_checkpointing: MPNetForSequenceClassification cannot recompute its layers in transformers; "
+        "drop --activation_checkpointing (or --gradient_checkpointing), and to save memory lower micro_batch_tokens "
+        "or per_device_train_batch_size instead"
+    )
+    assert not (tmp_path / "run").exists()
