@@ -25,7 +25,7 @@ def checked_arguments(recipe: str | None, overrides: list[str] | None, distillin
     args = run.training
     if not distilling:
         check_not_distilling(run, overrides)
-    check_integrations(args.report_to)
+    check_integrations(args.report_to, args.use_liger_kernel)
     check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=args.resume_from_checkpoint is not None)
     if args.overwrite_output_dir and args.resume_from_checkpoint is None and holds_run(Path(args.output_dir)):
         check_base_model_kept(args.output_dir, run.model.model_name_or_path)
@@ -147,13 +147,19 @@ def half_precision_has_cpu_kernels(precision: str) -> bool:
         return True
 
 
-def check_integrations(report_to: list[str]) -> None:
-    """Refuse a ``report_to`` whose package is not installed."""
-    # Trainer would find out only after the data is read and the output folder made.
+def check_integrations(report_to: list[str], use_liger_kernel: bool = False) -> None:
+    """Refuse a ``report_to`` or ``use_liger_kernel`` whose package is not installed."""
+    # Trainer would find out only after the data is read and the output folder made, as a traceback.
     from transformers.integrations import is_tensorboard_available
+    from transformers.utils import is_liger_kernel_available
 
     if "tensorboard" in report_to and not is_tensorboard_available():
         raise FinetuneError(
             "report_to tensorboard needs TensorBoard, which is not installed; "
             "pip install tensorboard, or set report_to: none"
+        )
+    if use_liger_kernel and not is_liger_kernel_available():
+        raise FinetuneError(
+            "use_liger_kernel needs liger-kernel, which is not installed; pip install liger-kernel, or set "
+            "use_liger_kernel: false (its kernels are for decoder LLMs such as Llama, not BERT-family encoders)"
         )

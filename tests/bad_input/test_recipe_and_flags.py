@@ -280,3 +280,14 @@ def test_checkpointing_a_model_that_cannot_recompute_is_refused(tmp_path, capsys
         "or per_device_train_batch_size instead"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_liger_kernel_without_its_package_is_refused(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    # Once an ImportError traceback from Trainer.train, after the data was read.
+    monkeypatch.setattr("transformers.utils.is_liger_kernel_available", lambda: False)
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    assert run_cli(["train", recipe_with(tmp_path, tiny_model_dir), "--use_liger_kernel", "true"], capsys) == (
+        "error: use_liger_kernel needs liger-kernel, which is not installed; pip install liger-kernel, or set "
+        "use_liger_kernel: false (its kernels are for decoder LLMs such as Llama, not BERT-family encoders)"
+    )
+    assert not (tmp_path / "run").exists()
