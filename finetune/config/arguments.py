@@ -503,6 +503,12 @@ class FinetuneTrainingArguments(TrainingArguments):
             if value < 1:
                 # The evaluation batch size would otherwise fail only at the first evaluation, an epoch in.
                 raise FinetuneError(f"{name} must be >= 1 (got {value}); set it in the recipe or pass --{name} 8")
+        if self.dataloader_num_workers < 0:
+            # torch's DataLoader refuses it only when training starts, as a traceback.
+            raise FinetuneError(
+                f"dataloader_num_workers must be >= 0 (got {self.dataloader_num_workers}); pass 0 to collate in the "
+                "training process, or e.g. --dataloader_num_workers 2 for two loader processes"
+            )
         if self.output_dir is not None and not str(self.output_dir).strip():
             raise FinetuneError("output_dir is empty; set output_dir in the recipe or pass --output_dir runs/NAME")
         # 0 is allowed: the weights stay put, which measurements use.

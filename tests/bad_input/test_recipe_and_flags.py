@@ -97,6 +97,12 @@ def test_real_process_exits_2_without_traceback(argv):
         ),
         ({"output_dir": "''"}, [], "output_dir is empty; set output_dir in the recipe or pass --output_dir runs/NAME"),
         (
+            {},
+            ["--dataloader_num_workers", "-1"],
+            "dataloader_num_workers must be >= 0 (got -1); pass 0 to collate in the training process, or e.g. "
+            "--dataloader_num_workers 2 for two loader processes",
+        ),
+        (
             {"max_length": 1024},
             [],
             "is more than the 128 positions model '{model}' can read; set max_length to 128 or less",
@@ -148,6 +154,7 @@ def test_real_process_exits_2_without_traceback(argv):
         "adam-epsilon-0",
         "both-spellings-of-n",
         "output-dir-empty",
+        "loader-workers-negative",
         "max-length-past-positions",
         "folds-1",
         "folds-and-seeds",
