@@ -509,6 +509,11 @@ class FinetuneTrainingArguments(TrainingArguments):
                 f"dataloader_num_workers must be >= 0 (got {self.dataloader_num_workers}); pass 0 to collate in the "
                 "training process, or e.g. --dataloader_num_workers 2 for two loader processes"
             )
+        if self.dataloader_prefetch_factor is not None and self.dataloader_prefetch_factor < 1:
+            raise FinetuneError(
+                f"dataloader_prefetch_factor must be >= 1 (got {self.dataloader_prefetch_factor}): the batches each "
+                "loader worker collates ahead; try 2, or leave it out"
+            )
         if self.output_dir is not None and not str(self.output_dir).strip():
             raise FinetuneError("output_dir is empty; set output_dir in the recipe or pass --output_dir runs/NAME")
         # 0 is allowed: the weights stay put, which measurements use.

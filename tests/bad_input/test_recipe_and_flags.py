@@ -103,6 +103,12 @@ def test_real_process_exits_2_without_traceback(argv):
             "--dataloader_num_workers 2 for two loader processes",
         ),
         (
+            {"dataloader_num_workers": 1},
+            ["--dataloader_prefetch_factor", "0"],
+            "dataloader_prefetch_factor must be >= 1 (got 0): the batches each loader worker collates ahead; "
+            "try 2, or leave it out",
+        ),
+        (
             {"max_length": 1024},
             [],
             "is more than the 128 positions model '{model}' can read; set max_length to 128 or less",
@@ -155,6 +161,7 @@ def test_real_process_exits_2_without_traceback(argv):
         "both-spellings-of-n",
         "output-dir-empty",
         "loader-workers-negative",
+        "prefetch-factor-0",
         "max-length-past-positions",
         "folds-1",
         "folds-and-seeds",
