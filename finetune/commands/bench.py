@@ -683,30 +683,29 @@ def _memory_row(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def format_speed_report(report: dict[str, Any]) -> str:
-    """The speed report as text: ratios first, then one table row per system."""
+def _speed_report_header(report: dict[str, Any]) -> list[str]:
+    """What was run: the recipe, updates, threads, GEMM peak, device, and the settings every system shared."""
     lines = [
         f"bench: {report['recipe']}, {report['updates']} updates of {report['micro_batch']} x "
         f"{report['gradient_accumulation_steps']} samples, {report['threads']} threads, "
         f"GEMM peak {report['gemm_peak_gflops']:.0f} GFLOP/s",
         f"device {report['device']}, {report['precision']}",
-        *(
-            [f"every system's batches collated by {report['loader_workers']} loader workers (dataloader_num_workers)"]
-            if report.get("loader_workers")
-            else []
-        ),
-        *(
-            [f"every system compiled ({report['compiled']}), each in an untimed run first"]
-            if report.get("compiled")
-            else []
-        ),
-        *(
-            [f"ReviewTrainer also with {' '.join(report['review_trainer_overrides'])} (the others at the recipe's)"]
-            if report.get("review_trainer_overrides")
-            else []
-        ),
-        "",
     ]
+    if report.get("loader_workers"):
+        lines.append(
+            f"every system's batches collated by {report['loader_workers']} loader workers (dataloader_num_workers)"
+        )
+    if report.get("compiled"):
+        lines.append(f"every system compiled ({report['compiled']}), each in an untimed run first")
+    if report.get("review_trainer_overrides"):
+        overrides = " ".join(report["review_trainer_overrides"])
+        lines.append(f"ReviewTrainer also with {overrides} (the others at the recipe's)")
+    return [*lines, ""]
+
+
+def format_speed_report(report: dict[str, Any]) -> str:
+    """The speed report as text: ratios first, then one table row per system."""
+    lines = _speed_report_header(report)
     for name, ratio in report["ratios"].items():
         lines.append(f"ReviewTrainer real tokens/s vs {name.split(' vs ')[1]}: {ratio:.2f}x")
     lines.append(f"same samples in every system: {'yes' if report['same_samples'] else 'NO'}")

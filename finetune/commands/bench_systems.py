@@ -349,11 +349,9 @@ def _train_once(
     on_gpu = spec.device == "cuda"
     queue = queue if queue is not None else _Discard()
     pad_to = run.data.max_length if spec.system == CLASSIC_LOOP else None
-    # Loader workers (dataloader_num_workers) record what they collate in files of this folder.
+    # Loader workers (dataloader_num_workers) record what they collate in files of a folder of its own.
     record_dir = tempfile.mkdtemp(prefix="records-", dir=os.path.dirname(spec.dataset_path))
-    collator = RecordingCollator(
-        tokenizer, pad_to_max_length=pad_to, review_trainer=spec.system == REVIEW_TRAINER, record_dir=record_dir
-    )
+    collator = RecordingCollator(tokenizer, pad_to, review_trainer=spec.system == REVIEW_TRAINER, record_dir=record_dir)
     # What the model computed, padding included, counted where it computes: ReviewTrainer may cut and
     # pack the collated batches again, so the collator's count would not be what ran.
     computed = _ComputedTokens(model, spec.device)
@@ -378,10 +376,6 @@ def _train_once(
         # packed_attention.CPU_ATTENTION_GROUP_BYTES).
         page_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
     computed.remove()
-    sample_ids, lengths, worker_batches = collator.recorded()
-    shutil.rmtree(record_dir)
-    if not sample_ids:
-        raise RuntimeError(f"{spec.system} trained on no recorded samples; the bench cannot compare its rate")
     # Timed from the first forward: a trainer's set-up (accelerator, optimizer, loader, callbacks) is paid
     # once a run, about a second, and in a bench of 20 updates it would outweigh the updates themselves.
     training_started = computed.first_forward_at if computed.first_forward_at is not None else started
@@ -391,15 +385,27 @@ def _train_once(
         "seconds": ended - training_started,
         "setup_seconds": training_started - started,
         "updates": updates,
+        **_recorded_samples(collator, spec.system),
+        "padded_tokens": computed.tokens,
+        "forward_passes": computed.forward_passes,
+        "minor_page_faults": page_faults,
+        "train_loss": float(final_loss),
+    }
+
+
+def _recorded_samples(collator: RecordingCollator, system: str) -> dict[str, Any]:
+    """The samples ``collator`` saw, in this process and in loader workers (whose record folder goes with it)."""
+    sample_ids, lengths, worker_batches = collator.recorded()
+    if collator.record_dir is not None:
+        shutil.rmtree(collator.record_dir)
+    if not sample_ids:
+        raise RuntimeError(f"{system} trained on no recorded samples; the bench cannot compare its rate")
+    return {
         "samples": len(sample_ids),
         "sample_ids": sorted(sample_ids),
         "lengths": lengths,
         "real_tokens": sum(lengths),
         "batches_collated_in_loader_workers": worker_batches,
-        "padded_tokens": computed.tokens,
-        "forward_passes": computed.forward_passes,
-        "minor_page_faults": page_faults,
-        "train_loss": float(final_loss),
     }
 
 
@@ -538,12 +544,7 @@ def _classic_loop(
         num_workers=args.dataloader_num_workers,
     )
     model.to(device)
-    if args.activation_checkpointing:  # (or gradient_checkpointing) as Trainer sets it up
-        checkpointing = dict(args.activation_checkpointing_kwargs or {})
-        every_n_layers, offload = checkpointing.pop("every_n_layers", 1), checkpointing.pop("offload", False)
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs=checkpointing or None, every_n_layers=every_n_layers, offload=offload
-        )
+    _checkpoint_activations_as_asked(model, args)
     optimizer, scheduler = _classic_optimizer(model, args, updates)
     if args.torch_compile:  # as the trainers are compiled (by Accelerate), with the recipe's backend and mode
         model = torch.compile(model, backend=args.torch_compile_backend, mode=args.torch_compile_mode)
@@ -571,6 +572,17 @@ def _classic_loop(
     for counter in counters:
         counter.counting = False
     return float(loss.detach()) * n_accumulate
+
+
+def _checkpoint_activations_as_asked(model: Any, args: Any) -> None:
+    """Activation checkpointing (``activation_checkpointing`` or ``gradient_checkpointing``) as Trainer sets it up."""
+    if not args.activation_checkpointing:
+        return
+    checkpointing = dict(args.activation_checkpointing_kwargs or {})
+    every_n_layers, offload = checkpointing.pop("every_n_layers", 1), checkpointing.pop("offload", False)
+    model.activation_checkpointing_enable(
+        activation_checkpointing_kwargs=checkpointing or None, every_n_layers=every_n_layers, offload=offload
+    )
 
 
 def _classic_optimizer(model: Any, args: Any, updates: int) -> tuple[Any, Any]:
