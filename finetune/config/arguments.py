@@ -18,6 +18,7 @@ from transformers import TrainingArguments
 
 from ..errors import FinetuneError
 from .launch import check_launch_agrees, cpu_for_launch
+from .stock_values import check_compile_mode, check_stock_values
 
 PACKAGED_MODEL = "all-minilm-l6-v2"
 
@@ -503,17 +504,6 @@ class FinetuneTrainingArguments(TrainingArguments):
             if value < 1:
                 # The evaluation batch size would otherwise fail only at the first evaluation, an epoch in.
                 raise FinetuneError(f"{name} must be >= 1 (got {value}); set it in the recipe or pass --{name} 8")
-        if self.dataloader_num_workers < 0:
-            # torch's DataLoader refuses it only when training starts, as a traceback.
-            raise FinetuneError(
-                f"dataloader_num_workers must be >= 0 (got {self.dataloader_num_workers}); pass 0 to collate in the "
-                "training process, or e.g. --dataloader_num_workers 2 for two loader processes"
-            )
-        if self.dataloader_prefetch_factor is not None and self.dataloader_prefetch_factor < 1:
-            raise FinetuneError(
-                f"dataloader_prefetch_factor must be >= 1 (got {self.dataloader_prefetch_factor}): the batches each "
-                "loader worker collates ahead; try 2, or leave it out"
-            )
         if self.output_dir is not None and not str(self.output_dir).strip():
             raise FinetuneError("output_dir is empty; set output_dir in the recipe or pass --output_dir runs/NAME")
         # 0 is allowed: the weights stay put, which measurements use.
@@ -546,8 +536,20 @@ class FinetuneTrainingArguments(TrainingArguments):
         _check_best_model_strategies(self.load_best_model_at_end, self.eval_strategy, self.save_strategy)
         # Before the parent's __post_init__, which sets up the device and with it whether the launch is distributed.
         self.use_cpu = cpu_for_launch(self.use_cpu)
+        # Before the parent's, which warns of torchdynamo's speedups when compiling on a CPU: the error comes alone.
+        check_compile_mode(self)
+        compiling = self.torch_compile or self.torch_compile_backend is not None or self.torch_compile_mode is not None
+        if self.padding_free and compiling:
+            # Each packed row has its own attention layout (groups of reviews of like length): compiled,
+            # it made a new graph nearly every update (74 graphs in 12 updates of the tiny recipe).
+            raise FinetuneError(
+                "torch_compile cannot compile packed rows (a new graph for nearly every update); with "
+                "torch_compile set padding_free: false and keep micro_batch_tokens, whose padded pieces compile once"
+            )
         super().__post_init__()
         check_launch_agrees(self.world_size, self.use_cpu)
+        # After the parent's, which turns report_to into a list.
+        check_stock_values(self)
         if not (math.isfinite(self.distill_alpha) and 0.0 <= self.distill_alpha <= 1.0):
             raise FinetuneError(f"distill_alpha must be in [0, 1] (got {self.distill_alpha}); try 0.5")
         _check_positive("distill_temperature", self.distill_temperature, "2.0")
@@ -563,13 +565,6 @@ class FinetuneTrainingArguments(TrainingArguments):
             raise FinetuneError(
                 f"micro_batch_tokens must be >= 1 (got {self.micro_batch_tokens}); try 4096, or leave it out "
                 "to cut updates by per_device_train_batch_size"
-            )
-        if self.padding_free and self.torch_compile:  # set by the parent's __post_init__ from a backend or mode too
-            # Each packed row has its own attention layout (groups of reviews of like length): compiled,
-            # it made a new graph nearly every update (74 graphs in 12 updates of the tiny recipe).
-            raise FinetuneError(
-                "torch_compile cannot compile packed rows (a new graph for nearly every update); with "
-                "torch_compile set padding_free: false and keep micro_batch_tokens, whose padded pieces compile once"
             )
         if self.freeze_encoder_updates < 0:
             raise FinetuneError(

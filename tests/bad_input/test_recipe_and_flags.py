@@ -108,6 +108,54 @@ def test_real_process_exits_2_without_traceback(argv):
             "dataloader_prefetch_factor must be >= 1 (got 0): the batches each loader worker collates ahead; "
             "try 2, or leave it out",
         ),
+        # Stock fields each once a traceback from Trainer, the DataLoader, the scheduler or torch.compile, after
+        # the data was read (finetune/config/stock_values.py).
+        (
+            {},
+            ["--dataloader_persistent_workers", "true"],
+            "dataloader_persistent_workers keeps loader worker processes between epochs, and there are none; "
+            "pass --dataloader_num_workers 2 with it, or drop it",
+        ),
+        (
+            {},
+            ["--eval_accumulation_steps", "0"],
+            "eval_accumulation_steps must be >= 1 (got 0); try 16 to move predictions to the CPU every 16 batches, "
+            "or leave it out",
+        ),
+        (
+            {},
+            ["--neftune_noise_alpha", "-1"],
+            "neftune_noise_alpha must be > 0 (got -1.0); try 5, or leave it out for no noise",
+        ),
+        (
+            {},
+            ["--label_names", "stars"],
+            "label_names must be left out (got ['stars']): batches here carry their labels as 'labels'; "
+            "to choose the data's label column, set label_column",
+        ),
+        (
+            {},
+            ["--optim_args", "eps"],
+            "optim_args takes key=value pairs joined by commas (got 'eps'); e.g. --optim_args "
+            "'key1=value1,key2=value2', or leave it out",
+        ),
+        (
+            {"lr_scheduler_type": "cosine"},
+            ["--lr_scheduler_kwargs", '{"num_cycle": 0.3}'],
+            "lr_scheduler_kwargs: lr_scheduler_type cosine has no num_cycle; it takes num_cycles, last_epoch, "
+            "or pick another lr_scheduler_type",
+        ),
+        (
+            {},
+            ["--report_to", "tensorbord"],
+            "report_to: unknown integration tensorbord; choose from none, all, azure_ml,",
+        ),
+        (
+            {},
+            ["--torch_compile_mode", "reduce_overhead"],
+            "torch_compile_mode must be one of default, lite, reduce-overhead, max-autotune-no-cudagraphs, "
+            "max-autotune (got 'reduce_overhead'); try reduce-overhead, or leave it out",
+        ),
         (
             {"max_length": 1024},
             [],
@@ -162,6 +210,14 @@ def test_real_process_exits_2_without_traceback(argv):
         "output-dir-empty",
         "loader-workers-negative",
         "prefetch-factor-0",
+        "persistent-workers-without-workers",
+        "eval-accumulation-0",
+        "neftune-negative",
+        "label-names",
+        "optim-args-without-value",
+        "scheduler-kwarg-misspelt",
+        "report-to-misspelt",
+        "compile-mode-misspelt",
         "max-length-past-positions",
         "folds-1",
         "folds-and-seeds",

@@ -1,0 +1,123 @@
+"""Stock ``TrainingArguments`` values that Trainer, torch or an integration would refuse only as a traceback.
+
+Each was found by passing a bad value on the command line: the run read and
+tokenised its data (some wrote ``finetune_run.json``) and then stopped on a
+traceback from deep inside Trainer, the DataLoader, the scheduler or
+``torch.compile``. Checked here, with the arguments, they stop the run in one
+line that names the fix, before anything is read or written.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ..errors import FinetuneError
+
+# What the scheduler functions take from Trainer itself, not from lr_scheduler_kwargs.
+SCHEDULER_OWN_PARAMETERS = ("optimizer", "num_warmup_steps", "num_training_steps")
+
+
+def check_stock_values(args: Any) -> None:
+    """Refuse values of stock ``TrainingArguments`` fields that would fail only once training runs."""
+    _check_loader(args)
+    if args.eval_accumulation_steps is not None and args.eval_accumulation_steps < 1:
+        raise FinetuneError(
+            f"eval_accumulation_steps must be >= 1 (got {args.eval_accumulation_steps}); try 16 to move "
+            "predictions to the CPU every 16 batches, or leave it out"
+        )
+    if args.neftune_noise_alpha is not None and not args.neftune_noise_alpha > 0:
+        raise FinetuneError(
+            f"neftune_noise_alpha must be > 0 (got {args.neftune_noise_alpha}); try 5, or leave it out for no noise"
+        )
+    if args.label_names is not None and list(args.label_names) != ["labels"]:
+        # Trainer would look for the labels under these keys, find none and compute no metrics.
+        raise FinetuneError(
+            f"label_names must be left out (got {list(args.label_names)}): batches here carry their labels as "
+            "'labels'; to choose the data's label column, set label_column"
+        )
+    _check_optim_args(args.optim_args)
+    _check_scheduler_kwargs(args.lr_scheduler_type, args.lr_scheduler_kwargs)
+    _check_report_to(args.report_to)
+
+
+def _check_loader(args: Any) -> None:
+    if args.dataloader_num_workers < 0:
+        raise FinetuneError(
+            f"dataloader_num_workers must be >= 0 (got {args.dataloader_num_workers}); pass 0 to collate in the "
+            "training process, or e.g. --dataloader_num_workers 2 for two loader processes"
+        )
+    if args.dataloader_prefetch_factor is not None and args.dataloader_prefetch_factor < 1:
+        raise FinetuneError(
+            f"dataloader_prefetch_factor must be >= 1 (got {args.dataloader_prefetch_factor}): the batches each "
+            "loader worker collates ahead; try 2, or leave it out"
+        )
+    if args.dataloader_persistent_workers and args.dataloader_num_workers == 0:
+        raise FinetuneError(
+            "dataloader_persistent_workers keeps loader worker processes between epochs, and there are none; "
+            "pass --dataloader_num_workers 2 with it, or drop it"
+        )
+
+
+def _check_optim_args(optim_args: str | None) -> None:
+    """``optim_args`` is "key=value" pairs joined by commas (Trainer splits each on its one "=")."""
+    if not optim_args:
+        return
+    for pair in optim_args.replace(" ", "").split(","):
+        if pair.count("=") != 1 or not pair.split("=")[0]:
+            raise FinetuneError(
+                f"optim_args takes key=value pairs joined by commas (got {optim_args!r}); "
+                "e.g. --optim_args 'key1=value1,key2=value2', or leave it out"
+            )
+
+
+def _check_scheduler_kwargs(scheduler_type: Any, kwargs: dict[str, Any] | None) -> None:
+    """Each key of ``lr_scheduler_kwargs`` must be a parameter of the scheduler it is passed to."""
+    if not kwargs:
+        return
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+    from transformers.trainer_utils import SchedulerType
+
+    function = TYPE_TO_SCHEDULER_FUNCTION.get(SchedulerType(scheduler_type))
+    if function is None:
+        return
+    parameters = inspect.signature(function).parameters
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+        return  # it passes them on (reduce_lr_on_plateau to torch's scheduler): that one says what it takes
+    accepted = [name for name in parameters if name not in SCHEDULER_OWN_PARAMETERS]
+    unknown = [key for key in kwargs if key not in accepted]
+    if unknown:
+        takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
+        raise FinetuneError(
+            f"lr_scheduler_kwargs: lr_scheduler_type {SchedulerType(scheduler_type).value} has no "
+            f"{', '.join(unknown)}; {takes}, or pick another lr_scheduler_type"
+        )
+
+
+def _check_report_to(report_to: list[str]) -> None:
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    unknown = [name for name in report_to if name not in INTEGRATION_TO_CALLBACK]
+    if unknown:
+        raise FinetuneError(
+            f"report_to: unknown integration {', '.join(unknown)}; choose from none, all, "
+            f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}"
+        )
+
+
+def check_compile_mode(args: Any) -> None:
+    """An Inductor ``torch_compile_mode`` must be one Inductor knows (torch.compile checks it at the first forward).
+
+    Called before ``TrainingArguments.__post_init__``, which turns a mode into
+    ``torch_compile`` with Inductor as its backend when none is named.
+    """
+    if args.torch_compile_mode is None or args.torch_compile_backend not in (None, "inductor"):
+        return
+    import torch._inductor
+
+    modes = list(torch._inductor.list_mode_options())
+    if args.torch_compile_mode not in modes:
+        raise FinetuneError(
+            f"torch_compile_mode must be one of {', '.join(modes)} (got {args.torch_compile_mode!r}); "
+            "try reduce-overhead, or leave it out"
+        )
