@@ -78,6 +78,12 @@ def test_update_equals_full_batch_step_for_any_split(
             assert cost <= budget or len(batch["labels"]) == 1
 
 
+# The three ways a window reaches the model: the loader's micro-batches, pieces cut by tokens, packed rows.
+THREE_WAYS = pytest.mark.parametrize(
+    ("budget", "packed"), [(None, False), (24, False), (64, True)], ids=["by-count", "budget-24", "packed-64"]
+)
+
+
 class PidRecordingCollator(DataCollatorWithPadding):
     """Writes the id of the process that collated each batch to ``pid_file`` (a loader worker's stays there)."""
 
@@ -91,9 +97,7 @@ class PidRecordingCollator(DataCollatorWithPadding):
         return super().__call__(features)
 
 
-@pytest.mark.parametrize(
-    ("budget", "packed"), [(None, False), (24, False), (64, True)], ids=["by-count", "budget-24", "packed-64"]
-)
+@THREE_WAYS
 def test_loader_workers_keep_the_update(initial_model, tokenizer, tmp_path, budget, packed):
     """Batches collated ahead in loader worker processes (``dataloader_num_workers``) make the same updates."""
     dataset = review_dataset(tokenizer, 10)
@@ -122,9 +126,7 @@ def test_loader_workers_keep_the_update(initial_model, tokenizer, tmp_path, budg
         assert set(pids) == {str(os.getpid())}
 
 
-@pytest.mark.parametrize(
-    ("budget", "packed"), [(None, False), (24, False), (64, True)], ids=["by-count", "budget-24", "packed-64"]
-)
+@THREE_WAYS
 def test_activation_checkpointing_keeps_the_update(initial_model, tokenizer, tmp_path, budget, packed):
     """Each layer recomputed in the backward (``activation_checkpointing``) reads its micro-batch as the forward did."""
     dataset = review_dataset(tokenizer, 10)
