@@ -36,8 +36,14 @@ def check_stock_values(args: Any) -> None:
             f"label_names must be left out (got {list(args.label_names)}): batches here carry their labels as "
             "'labels'; to choose the data's label column, set label_column"
         )
+    for name, usual in (("adam_beta1", 0.9), ("adam_beta2", 0.999)):
+        value = getattr(args, name)
+        if not 0.0 <= value < 1.0:  # torch's Adam refuses it when the optimizer is made, as training starts
+            raise FinetuneError(f"{name} must be in [0, 1) (got {value}); try --{name} {usual}")
     _check_optim_args(args.optim_args)
     _check_scheduler_kwargs(args.lr_scheduler_type, args.lr_scheduler_kwargs)
+    _check_schedule_runs(args)
+    _check_checkpointing_kwargs(args)
     _check_report_to(args.report_to)
 
 
@@ -81,16 +87,89 @@ def _check_scheduler_kwargs(scheduler_type: Any, kwargs: dict[str, Any] | None) 
     function = TYPE_TO_SCHEDULER_FUNCTION.get(SchedulerType(scheduler_type))
     if function is None:
         return
-    parameters = inspect.signature(function).parameters
-    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+    parameters = inspect.signature(function).parameters.values()
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
         return  # it passes them on (reduce_lr_on_plateau to torch's scheduler): that one says what it takes
-    accepted = [name for name in parameters if name not in SCHEDULER_OWN_PARAMETERS]
+    accepted = _scheduler_options(scheduler_type)
     unknown = [key for key in kwargs if key not in accepted]
     if unknown:
         takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
         raise FinetuneError(
             f"lr_scheduler_kwargs: lr_scheduler_type {SchedulerType(scheduler_type).value} has no "
             f"{', '.join(unknown)}; {takes}, or pick another lr_scheduler_type"
+        )
+
+
+def _scheduler_options(scheduler_type: Any) -> list[str]:
+    """The parameters a scheduler function takes from ``lr_scheduler_kwargs`` (not those Trainer passes)."""
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+    from transformers.trainer_utils import SchedulerType
+
+    function = TYPE_TO_SCHEDULER_FUNCTION.get(SchedulerType(scheduler_type))
+    if function is None:
+        return []
+    parameters = inspect.signature(function).parameters.values()
+    return [
+        parameter.name
+        for parameter in parameters
+        if parameter.name not in SCHEDULER_OWN_PARAMETERS and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+
+
+def _check_schedule_runs(args: Any) -> None:
+    """Make the schedule on a stand-in optimizer and step it to its end, as Trainer will.
+
+    A missing option (``cosine_with_min_lr`` without ``min_lr``), a value the
+    scheduler refuses (``lr_end`` above the learning rate) or one that breaks
+    only at the last step (``power`` below 0) fails here, not when training
+    starts or, worse, as it ends.
+    """
+    import warnings
+
+    import torch
+    from transformers import get_scheduler
+    from transformers.optimization import GreedyLR
+
+    steps = 100
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scheduler = get_scheduler(
+                args.lr_scheduler_type,
+                optimizer,
+                num_warmup_steps=args.get_warmup_steps(steps),
+                num_training_steps=steps,
+                scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+            )
+            if not isinstance(scheduler, (torch.optim.lr_scheduler.ReduceLROnPlateau, GreedyLR)):  # metric-stepped
+                for _ in range(steps):
+                    optimizer.step()
+                    scheduler.step()
+    except (TypeError, ValueError, ArithmeticError) as error:
+        options = ", ".join(_scheduler_options(args.lr_scheduler_type)) or "none"
+        kwargs = args.lr_scheduler_kwargs or {}
+        raise FinetuneError(
+            f"lr_scheduler_type {args.lr_scheduler_type.value} with lr_scheduler_kwargs {kwargs} cannot run "
+            f"({str(error).splitlines()[0]}); its options: {options}, as --lr_scheduler_kwargs "
+            """'{"name": value}'"""
+        ) from None
+
+
+def _check_checkpointing_kwargs(args: Any) -> None:
+    """``activation_checkpointing_kwargs``: transformers' own two keys and what torch's checkpoint takes."""
+    if not args.activation_checkpointing or not args.activation_checkpointing_kwargs:
+        return
+    import torch.utils.checkpoint
+
+    parameters = inspect.signature(torch.utils.checkpoint.checkpoint).parameters.values()
+    # preserve_rng_state is read from checkpoint's **kwargs; every_n_layers and offload are transformers'.
+    accepted = [parameter.name for parameter in parameters if parameter.kind is inspect.Parameter.KEYWORD_ONLY]
+    accepted += ["preserve_rng_state", "every_n_layers", "offload"]
+    unknown = [key for key in args.activation_checkpointing_kwargs if key not in accepted]
+    if unknown:
+        raise FinetuneError(
+            f"activation_checkpointing_kwargs has no {', '.join(unknown)}; it takes {', '.join(accepted)}"
         )
 
 

@@ -146,6 +146,27 @@ def test_real_process_exits_2_without_traceback(argv):
             "or pick another lr_scheduler_type",
         ),
         (
+            {"lr_scheduler_type": "cosine_with_min_lr"},
+            [],
+            # (Braces doubled: the expected text goes through str.format.)
+            "lr_scheduler_type cosine_with_min_lr with lr_scheduler_kwargs {{}} cannot run (One of min_lr or "
+            "min_lr_rate should be set through the `lr_scheduler_kwargs`); its options: num_cycles, last_epoch, "
+            """min_lr, min_lr_rate, as --lr_scheduler_kwargs '{{"name": value}}'""",
+        ),
+        (
+            # Once a ZeroDivisionError at the run's last update, after all its training.
+            {"lr_scheduler_type": "polynomial"},
+            ["--lr_scheduler_kwargs", '{"power": -1}'],
+            "lr_scheduler_type polynomial with lr_scheduler_kwargs {{'power': -1}} cannot run (0.0 cannot be raised "
+            "to a negative power)",
+        ),
+        ({}, ["--adam_beta2", "1"], "adam_beta2 must be in [0, 1) (got 1.0); try --adam_beta2 0.999"),
+        (
+            {"activation_checkpointing": "true"},
+            ["--activation_checkpointing_kwargs", '{"reentrant": false}'],
+            "activation_checkpointing_kwargs has no reentrant; it takes use_reentrant,",
+        ),
+        (
             {},
             ["--report_to", "tensorbord"],
             "report_to: unknown integration tensorbord; choose from none, all, azure_ml,",
@@ -216,6 +237,10 @@ def test_real_process_exits_2_without_traceback(argv):
         "label-names",
         "optim-args-without-value",
         "scheduler-kwarg-misspelt",
+        "scheduler-without-its-options",
+        "scheduler-failing-at-its-end",
+        "adam-beta-1",
+        "checkpointing-kwarg-misspelt",
         "report-to-misspelt",
         "compile-mode-misspelt",
         "max-length-past-positions",
