@@ -112,3 +112,28 @@ def run_copy(finished_run, tmp_path) -> Path:
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(recipe.read_text().replace(str(finished_run), str(tmp_path)), encoding="utf-8")
     return tmp_path
+
+
+def _signals_children_inherit() -> dict[str, tuple[bool, bool]]:
+    """Whether SIGINT and SIGTERM are ignored, and whether blocked, here: a child started now inherits both."""
+    import signal
+
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return {
+        signum.name: (signal.getsignal(signum) is signal.SIG_IGN, signum in blocked)
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+
+
+@pytest.fixture(autouse=True)
+def signals_left_as_found():
+    """Each test leaves SIGINT and SIGTERM neither ignored nor blocked if it found them so.
+
+    Left ignored or blocked, they would pass to every child a later test starts
+    (once in CI a real child outlived its signal in test_warm_processes.py); a
+    leak fails the test that made it, by name.
+    """
+    before = _signals_children_inherit()
+    yield
+    after = _signals_children_inherit()
+    assert after == before, f"SIGINT / SIGTERM (ignored, blocked) left as {after}, found as {before}"

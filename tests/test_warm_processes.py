@@ -86,13 +86,25 @@ def test_python_m_and_python_c_run_as_in_a_fresh_interpreter(tmp_path):
 def test_signals_reach_a_forked_child_as_they_reach_a_real_one(tmp_path):
     script = tmp_path / "wait.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(60)\n", encoding="utf-8")
+    # A real child inherits an ignored disposition and the blocked mask across exec: an earlier test in this
+    # process that leaked either would make it ignore the signal (once, in CI, a real child outlived its
+    # SIGINT or SIGTERM by a minute). Said here rather than waited for.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        assert signal.getsignal(signum) is not signal.SIG_IGN, f"{signum.name} is ignored in the test process"
+        assert signum not in blocked, f"{signum.name} is blocked in the test process"
     for signum in (signal.SIGINT, signal.SIGTERM):
         statuses = []
         for popen in (subprocess.Popen, warm_processes.Popen):
             process = popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             assert process.stdout.readline() == "ready\n"
             process.send_signal(signum)
-            process.communicate(timeout=60)
+            try:
+                process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+                pytest.fail(f"{popen.__module__}.Popen's child outlived {signum.name} by 30 s")
             statuses.append(process.returncode)
         assert statuses[0] == statuses[1] == -signum
 
