@@ -129,9 +129,11 @@ def _signals_children_inherit() -> dict[str, tuple[bool, bool]]:
 def signals_left_as_found():
     """Each test leaves SIGINT and SIGTERM neither ignored nor blocked if it found them so.
 
-    Left ignored or blocked, they would pass to every child a later test starts
-    (once in CI a real child outlived its signal in test_warm_processes.py); a
-    leak fails the test that made it, by name.
+    Left ignored or blocked, they would pass to every child a later test starts,
+    and test_warm_processes.py's signal test would see a real child outlive its
+    signal (as it did when the suite itself was started as a background job,
+    which ignores SIGINT from the start: that test skips then). A leak fails
+    the test that made it, by name.
     """
     before = _signals_children_inherit()
     yield
