@@ -208,7 +208,6 @@ class RecordingCollator:
         review_trainer: bool = False,
         record_dir: str | None = None,
     ) -> None:
-        from torch.utils.data import get_worker_info
         from transformers import DataCollatorWithPadding
 
         from ..data.collation import faster_collator
@@ -223,13 +222,14 @@ class RecordingCollator:
         self.sample_ids: list[int] = []
         self.lengths: list[int] = []
         self.record_dir = record_dir
-        self._worker_info = get_worker_info
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         features = [dict(feature) for feature in features]
         sample_ids = [int(feature.pop("sample_id")) for feature in features]
         lengths = [int(feature.pop("length")) for feature in features]
-        if self._worker_info() is None:
+        from torch.utils.data import get_worker_info  # imported already: a lookup, once a batch
+
+        if get_worker_info() is None:
             self.sample_ids += sample_ids
             self.lengths += lengths
         else:
