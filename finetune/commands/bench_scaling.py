@@ -114,7 +114,7 @@ def bench_scaling(
         "load_average_at_start": load,
         "runs": runs,
     }
-    # The whole process too: Python's imports come before the run's clock starts.
+    # The whole process too, timed from outside: the stages plus the process's launch and exit.
     stages = [{**run["time_breakdown"], "process": run["process_seconds"]} for run in runs]
     report.update(judge_growth([run["reviews"] for run in runs], stages))
     text = format_scaling_report(report)
@@ -264,7 +264,7 @@ def format_scaling_report(report: dict[str, Any]) -> str:
     """The report as text: what ran, a table of seconds per stage and size with each exponent, then the verdict."""
     from ..training.run_clock import LABELS as PART_LABELS
 
-    labels = {**PART_LABELS, "process": "process (imports too)"}
+    labels = {**PART_LABELS, "process": "process (from outside)"}
     reviews = [run["reviews"] for run in report["runs"]]
     lines = [
         f"bench --scaling: {report['source']}; finetune train --max_steps {report['updates']} at each size, "
