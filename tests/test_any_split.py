@@ -38,8 +38,8 @@ def initial_model(tiny_model_dir):
 class RecordingCollator(DataCollatorWithPadding):
     """The run's collator, remembering every batch it made (what each forward pass computed)."""
 
-    def __init__(self, tokenizer):
-        super().__init__(tokenizer)
+    def __init__(self, tokenizer, pad_to_multiple_of=None):
+        super().__init__(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
         self.batches = []
 
     def __call__(self, features):
@@ -76,6 +76,28 @@ def test_update_equals_full_batch_step_for_any_split(
             # A piece holds at most the budget, unless it is one review longer than the budget.
             cost = int(batch["attention_mask"].sum()) if packed else batch["input_ids"].numel()
             assert cost <= budget or len(batch["labels"]) == 1
+
+
+@pytest.mark.parametrize("budget", [24, 40, None], ids=["budget-24", "budget-40", "by-count"])
+def test_pieces_padded_to_a_multiple_keep_the_update_and_the_budget(initial_model, tokenizer, tmp_path, budget):
+    """``pad_to_multiple_of`` (few shapes, for CUDA graphs): wider pieces, the same updates, the budget kept."""
+    dataset = review_dataset(tokenizer, 10)
+    # The reference pads to each batch's longest review, as it always does.
+    reference = reference_full_batch_steps(initial_model, dataset, DataCollatorWithPadding(tokenizer), 8)
+    collator = RecordingCollator(tokenizer, pad_to_multiple_of=8)
+    trained = trained_parameters(
+        ReviewTrainer, initial_model, dataset, collator, tmp_path, 4, 2, micro_batch_tokens=budget
+    )
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+    assert sum(len(batch["labels"]) for batch in collator.batches) == 10
+    widths = {batch["input_ids"].shape[1] for batch in collator.batches}
+    assert all(width % 8 == 0 for width in widths), widths
+    real_widths = {int(batch["attention_mask"].sum(dim=1).max()) for batch in collator.batches}
+    assert real_widths - widths, "no piece was padded past its longest review: the test shows nothing"
+    if budget is not None:
+        for batch in collator.batches:
+            # The budget counts the padded width: rows x a multiple of 8.
+            assert batch["input_ids"].numel() <= budget or len(batch["labels"]) == 1
 
 
 # The three ways a window reaches the model: the loader's micro-batches, pieces cut by tokens, packed rows.

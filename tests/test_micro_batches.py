@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -13,29 +14,34 @@ from transformers import DataCollatorWithPadding
 from finetune.training.micro_batches import ATTENTION_GROUP_SHARE, attention_layout, cut_window, pack, plan_pieces
 
 
-def padded_cost(lengths, piece):
-    return len(piece) * max(lengths[index] for index in piece)
+def padded_cost(lengths, piece, multiple=None):
+    longest = max(lengths[index] for index in piece)
+    if multiple:
+        longest = math.ceil(longest / multiple) * multiple  # what DataCollatorWithPadding(pad_to_multiple_of) pads to
+    return len(piece) * longest
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(
     lengths=st.lists(st.integers(min_value=1, max_value=60), min_size=1, max_size=24),
     budget=st.integers(min_value=1, max_value=400),
     packed=st.booleans(),
+    multiple=st.sampled_from([None, 1, 8, 64]),
 )
-def test_every_sample_once_longest_first_and_within_the_budget(lengths, budget, packed):
-    pieces = plan_pieces(lengths, budget, packed)
+def test_every_sample_once_longest_first_and_within_the_budget(lengths, budget, packed, multiple):
+    multiple = None if packed else multiple  # a packed row has no padding to round
+    pieces = plan_pieces(lengths, budget, packed, multiple)
     assert sorted(index for piece in pieces for index in piece) == list(range(len(lengths)))
     in_order = [lengths[index] for piece in pieces for index in piece]
     assert in_order == sorted(lengths, reverse=True)
     for piece in pieces:
-        cost = sum(lengths[index] for index in piece) if packed else padded_cost(lengths, piece)
+        cost = sum(lengths[index] for index in piece) if packed else padded_cost(lengths, piece, multiple)
         # Only a single review longer than the budget may exceed it.
         assert cost <= budget or len(piece) == 1
     for before, after in itertools.pairwise(pieces):
         # Greedy: the next piece's first review did not fit into the piece before it.
         grown = [*before, after[0]]
-        cost = sum(lengths[index] for index in grown) if packed else padded_cost(lengths, grown)
+        cost = sum(lengths[index] for index in grown) if packed else padded_cost(lengths, grown, multiple)
         assert cost > budget
 
 
@@ -50,6 +56,12 @@ def test_a_padded_piece_costs_rows_times_its_longest_review():
     # Packed, the same budget holds 10 + 6 (16), then 5 + 2 + 1.
     assert plan_pieces([5, 10, 1, 6, 2], 20, packed=True) == [[1, 3], [0, 4, 2]]
     assert plan_pieces([5, 10, 1, 6, 2], 21, packed=True) == [[1, 3, 0], [4, 2]]
+
+
+def test_a_piece_padded_to_a_multiple_costs_its_padded_width():
+    # Three reviews of 9 tokens: 27 tokens as they are, 3 x 16 = 48 padded to a multiple of 8.
+    assert plan_pieces([9, 9, 9], 32, packed=False) == [[0, 1, 2]]
+    assert plan_pieces([9, 9, 9], 32, packed=False, width_multiple=8) == [[0, 1], [2]]
 
 
 def features(tokenizer, texts, labels):

@@ -207,6 +207,7 @@ class RecordingCollator:
         pad_to_max_length: int | None = None,
         review_trainer: bool = False,
         record_dir: str | None = None,
+        pad_to_multiple_of: int | None = None,
     ) -> None:
         from transformers import DataCollatorWithPadding
 
@@ -215,10 +216,12 @@ class RecordingCollator:
         if pad_to_max_length is None:
             # ReviewTrainer swaps the DataCollatorWithPadding that `finetune train` gives it for PaddingCollator
             # (the same batches, padded faster); wrapped here, it would not see it, so the swap is made here.
-            collate = DataCollatorWithPadding(tokenizer)
+            collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
             self.collate = faster_collator(collate) if review_trainer else collate
         else:
             self.collate = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=pad_to_max_length)
+        # Read by ReviewTrainer, whose token budget counts the padding to a multiple (the recipe's, every system's).
+        self.pad_to_multiple_of = self.collate.pad_to_multiple_of
         self.sample_ids: list[int] = []
         self.lengths: list[int] = []
         self.record_dir = record_dir
@@ -351,7 +354,13 @@ def _train_once(
     pad_to = run.data.max_length if spec.system == CLASSIC_LOOP else None
     # Loader workers (dataloader_num_workers) record what they collate in files of a folder of its own.
     record_dir = tempfile.mkdtemp(prefix="records-", dir=os.path.dirname(spec.dataset_path))
-    collator = RecordingCollator(tokenizer, pad_to, review_trainer=spec.system == REVIEW_TRAINER, record_dir=record_dir)
+    collator = RecordingCollator(
+        tokenizer,
+        pad_to,
+        review_trainer=spec.system == REVIEW_TRAINER,
+        record_dir=record_dir,
+        pad_to_multiple_of=args.pad_to_multiple_of,
+    )
     # What the model computed, padding included, counted where it computes: ReviewTrainer may cut and
     # pack the collated batches again, so the collator's count would not be what ran.
     computed = _ComputedTokens(model, spec.device)

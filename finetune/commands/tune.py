@@ -168,7 +168,7 @@ def _trials_trainer(run: Any, trainer_inputs: tuple[Any, Any, Any], callbacks: l
         args=run.training,
         train_dataset=encoded["train"],
         eval_dataset=encoded["validation"],
-        data_collator=DataCollatorWithPadding(tokenizer),
+        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=run.training.pad_to_multiple_of),
         processing_class=tokenizer,
         compute_metrics=build_compute_metrics(data.label_names),
         callbacks=callbacks,

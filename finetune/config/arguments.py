@@ -466,6 +466,16 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         },
     )
+    pad_to_multiple_of: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Pad each micro-batch to a multiple of this many tokens (DataCollatorWithPadding's setting; the "
+                "token budget counts it): a few shapes instead of one per longest review, for torch_compile's "
+                "CUDA graphs (torch_compile_mode: reduce-overhead), e.g. 64. Not with padding_free, which pads nothing."
+            )
+        },
+    )
     padding_free: bool = field(
         default=False,
         metadata={
@@ -566,6 +576,15 @@ class FinetuneTrainingArguments(TrainingArguments):
                 f"micro_batch_tokens must be >= 1 (got {self.micro_batch_tokens}); try 4096, or leave it out "
                 "to cut updates by per_device_train_batch_size"
             )
+        if self.pad_to_multiple_of is not None:
+            if self.pad_to_multiple_of < 1:
+                raise FinetuneError(
+                    f"pad_to_multiple_of must be >= 1 (got {self.pad_to_multiple_of}); try 64, or leave it out"
+                )
+            if self.padding_free:
+                raise FinetuneError(
+                    "pad_to_multiple_of pads micro-batches and padding_free packs them without padding; set one of them"
+                )
         if self.freeze_encoder_updates < 0:
             raise FinetuneError(
                 f"freeze_encoder_updates must be >= 0 (got {self.freeze_encoder_updates}); try 20, or 0 for none"

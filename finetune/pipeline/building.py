@@ -59,7 +59,7 @@ def build_trainer(
         args=args,
         train_dataset=inputs.encoded["train"],
         eval_dataset=inputs.encoded.get("validation"),
-        data_collator=DataCollatorWithPadding(inputs.tokenizer),
+        data_collator=DataCollatorWithPadding(inputs.tokenizer, pad_to_multiple_of=args.pad_to_multiple_of),
         processing_class=inputs.tokenizer,
         compute_metrics=build_compute_metrics(inputs.data.label_names),
         callbacks=[on_train_begin, update_recorder, stopper, *_early_stopping(args), *request.callbacks],

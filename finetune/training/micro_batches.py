@@ -65,13 +65,16 @@ def review_length(feature: dict[str, Any]) -> int:
         ) from None
 
 
-def plan_pieces(lengths: Sequence[int], token_budget: int, packed: bool) -> list[list[int]]:
+def plan_pieces(
+    lengths: Sequence[int], token_budget: int, packed: bool, width_multiple: int | None = None
+) -> list[list[int]]:
     """Cut samples of ``lengths`` into pieces of at most ``token_budget`` tokens, longest first.
 
     Returns the samples' indices, piece by piece. A padded piece costs its
-    rows times its longest review (the first, since they are sorted); a
-    packed one the sum of its lengths. A review longer than the budget makes a
-    piece of its own. Ties keep their window order, so a plan is reproducible.
+    rows times its longest review (the first, since they are sorted), rounded
+    up to ``width_multiple`` where the collator pads to one; a packed one the
+    sum of its lengths. A review longer than the budget makes a piece of its
+    own. Ties keep their window order, so a plan is reproducible.
     """
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1 (got {token_budget})")
@@ -81,7 +84,10 @@ def plan_pieces(lengths: Sequence[int], token_budget: int, packed: bool) -> list
     tokens = 0
     for index in order:
         length = lengths[index]
-        cost = tokens + length if packed else (len(piece) + 1) * max(length, lengths[piece[0]] if piece else 0)
+        if packed:
+            cost = tokens + length
+        else:
+            cost = (len(piece) + 1) * padded_width(max(length, lengths[piece[0]] if piece else 0), width_multiple)
         if piece and cost > token_budget:
             pieces.append(piece)
             piece, tokens = [], 0
@@ -92,6 +98,13 @@ def plan_pieces(lengths: Sequence[int], token_budget: int, packed: bool) -> list
     return pieces
 
 
+def padded_width(longest: int, width_multiple: int | None) -> int:
+    """The width a collator padding to ``width_multiple`` (None or 1: no rounding) gives a piece of ``longest``."""
+    if not width_multiple or width_multiple < 2:
+        return longest
+    return -(-longest // width_multiple) * width_multiple
+
+
 def cut_window(
     window: Sequence[FeatureList | None],
     token_budget: int | None,
@@ -99,12 +112,14 @@ def cut_window(
     packed: bool,
     position_offset: int = 0,
     max_group_scores: int | None = None,
+    width_multiple: int | None = None,
 ) -> list[dict[str, Any]]:
     """The window's samples as collated pieces: by ``token_budget``, or one piece per micro-batch when it is None.
 
     ``None`` items (a rank's empty share of a global micro-batch) hold no
     samples; a window with none at all gives no pieces. ``max_group_scores``
-    caps a packed piece's attention groups (see :func:`attention_layout`).
+    caps a packed piece's attention groups (see :func:`attention_layout`);
+    ``width_multiple`` is the multiple ``collate`` pads to, counted in the budget.
     """
     micro_batches = [list(features) for features in window if features]
     if token_budget is None:
@@ -112,7 +127,8 @@ def cut_window(
     else:
         features = [feature for micro_batch in micro_batches for feature in micro_batch]
         lengths = [review_length(feature) for feature in features]
-        groups = [[features[index] for index in piece] for piece in plan_pieces(lengths, token_budget, packed)]
+        plan = plan_pieces(lengths, token_budget, packed, width_multiple)
+        groups = [[features[index] for index in piece] for piece in plan]
     if not packed:
         return [collate(group) for group in groups]
     # The lengths come from the features, not from the collated tensors: no tensor is read here.

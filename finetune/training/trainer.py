@@ -631,6 +631,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             self.padding_free,
             self._position_offset,
             self._attention_group_scores,
+            # A collator padding to a multiple (pad_to_multiple_of) makes pieces that wide: the budget counts it.
+            None if self.padding_free else getattr(self._piece_collator, "pad_to_multiple_of", None),
         )
 
     def _halve_token_budget(self, model: nn.Module, bar: EpochProgressBar) -> None:

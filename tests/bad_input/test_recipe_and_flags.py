@@ -218,6 +218,12 @@ def test_real_process_exits_2_without_traceback(argv):
             "torch_compile cannot compile packed rows (a new graph for nearly every update); with torch_compile "
             "set padding_free: false and keep micro_batch_tokens, whose padded pieces compile once",
         ),
+        ({"pad_to_multiple_of": 0}, [], "pad_to_multiple_of must be >= 1 (got 0); try 64, or leave it out"),
+        (
+            {"pad_to_multiple_of": 64},
+            ["--padding_free", "true"],
+            "pad_to_multiple_of pads micro-batches and padding_free packs them without padding; set one of them",
+        ),
     ],
     ids=[
         "lr-nan",
@@ -253,6 +259,8 @@ def test_real_process_exits_2_without_traceback(argv):
         "seeds-past-the-largest",
         "label-smoothing-past-1",
         "packed-and-compiled",
+        "pad-to-multiple-0",
+        "pad-to-multiple-and-packed",
     ],
 )
 def test_recipe_values_refused_before_anything_is_read(tmp_path, tiny_model_dir, capsys, fields, flags, message):
