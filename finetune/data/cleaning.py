@@ -55,3 +55,8 @@ def clean_texts(texts: list[str]) -> list[str]:
     if present and wrapped / len(present) >= WRAPPED_SHARE_TO_STRIP:
         cleaned = [unwrap_quotes(text) if text else text for text in cleaned]
     return cleaned
+
+
+def join_title(title: str, text: str) -> str:
+    """The text a model sees for a review with an optional title: ``'Title. Body'``."""
+    return f"{title}. {text}" if title else text

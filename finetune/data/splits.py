@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 from ..config.arguments import DataArguments
 from ..config.csv_cells import unguard_columns
 from ..errors import FinetuneError
-from .cleaning import clean_texts
+from .cleaning import clean_texts, join_title
 from .columns import column_values
 from .encoding import ReviewEncoding, encode_reviews
 from .sources import ROWS_WORTH_A_BAR, RawSplits, progress_bars, read_files, read_sources
@@ -529,11 +529,6 @@ def review_texts(raw_texts: list, raw_titles: list | None, clean: bool) -> tuple
     titles = [title.strip() for title in titles]
     joined = [join_title(title, text.strip()) if text.strip() else "" for title, text in zip(titles, texts)]
     return joined, titles
-
-
-def join_title(title: str, text: str) -> str:
-    """The text a model sees for a review with an optional title: ``'Title. Body'``."""
-    return f"{title}. {text}" if title else text
 
 
 def describe_bins(bins: dict[str, list[float]]) -> str:

@@ -274,8 +274,7 @@ def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | N
 
     A row whose text is empty (after cleaning) gives ``""`` even with a title, as training drops it.
     """
-    from ..data.cleaning import clean_texts
-    from ..data.splits import join_title
+    from ..data.cleaning import clean_texts, join_title
 
     if any(column not in row for row in rows):
         raise FinetuneError(f"a row has no '{column}' column; pass --text_column NAME")
