@@ -354,13 +354,7 @@ def _train_once(
     pad_to = run.data.max_length if spec.system == CLASSIC_LOOP else None
     # Loader workers (dataloader_num_workers) record what they collate in files of a folder of its own.
     record_dir = tempfile.mkdtemp(prefix="records-", dir=os.path.dirname(spec.dataset_path))
-    collator = RecordingCollator(
-        tokenizer,
-        pad_to,
-        review_trainer=spec.system == REVIEW_TRAINER,
-        record_dir=record_dir,
-        pad_to_multiple_of=args.pad_to_multiple_of,
-    )
+    collator = RecordingCollator(tokenizer, pad_to, spec.system == REVIEW_TRAINER, record_dir, args.pad_to_multiple_of)
     # What the model computed, padding included, counted where it computes: ReviewTrainer may cut and
     # pack the collated batches again, so the collator's count would not be what ran.
     computed = _ComputedTokens(model, spec.device)
