@@ -38,7 +38,7 @@ def is_exported_folder(folder: Path) -> bool:
 
 def require_inference_folder(model_dir: Path) -> None:
     """Raise unless ``model_dir`` holds a model to predict with: PyTorch weights, or an int8 export."""
-    from ..training.checkpointing import require_loadable_model_files
+    from ..training.model_files import require_loadable_model_files
     from ..training.runs import require_model_folder
 
     if is_openvino_folder(model_dir):
@@ -62,8 +62,8 @@ def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]
     """
     from transformers import AutoTokenizer
 
-    from ..training.checkpointing import require_vocabulary
     from ..training.model_check import check_model_config, check_model_folder
+    from ..training.model_files import require_vocabulary
 
     require_inference_folder(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

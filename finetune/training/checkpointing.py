@@ -33,14 +33,17 @@ from .background_saves import (
     rng_states,
     wait_for_write_into,
 )
+from .model_files import (
+    PICKLED_WEIGHTS,
+    SAFE_WEIGHTS,
+    first_line,
+    require_readable_safetensors,
+    require_safe_weights,
+)
 
 logger = logging.get_logger("transformers.trainer")
 
 COMPLETE_MARKER = "finetune_checkpoint_complete.json"
-PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-# The JSON files a model folder is loaded from: cut short, each gives a JSONDecodeError traceback.
-MODEL_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # The settings a resumed run must share with the checkpoint's to continue it exactly (kept in the marker).
 EXACT_RESUME_SETTINGS = ("gradient_accumulation_steps", "per_device_train_batch_size", "world_size")
 # Where the final model is written before its files are moved into output_dir.
@@ -63,80 +66,6 @@ def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
         return None
     complete = [path for path in sort_checkpoints(str(folder), use_mtime=False) if is_complete_checkpoint(path)]
     return Path(complete[-1]) if complete else None
-
-
-def require_safe_weights(
-    folder: str | Path, allow_pickle: bool = False, flag: str = "allow_pickle_checkpoints"
-) -> None:
-    """Refuse a model folder whose weights are only pickle files (which can run code when loaded).
-
-    ``flag`` is the option that allows them, named in the message.
-    """
-    folder = Path(folder)
-    has_safe = any((folder / name).is_file() for name in SAFE_WEIGHTS)
-    has_pickle = any((folder / name).is_file() for name in PICKLED_WEIGHTS)
-    if has_pickle and not has_safe and not allow_pickle:
-        raise FinetuneError(
-            f"{folder} has only pickled weights (pytorch_model.bin), which can run code when loaded; "
-            f"convert them to safetensors, or pass --{flag} if you trust where they came from"
-        )
-
-
-def require_readable_safetensors(folder: str | Path) -> None:
-    """Refuse a folder whose ``*.safetensors`` files are cut short or not safetensors at all.
-
-    Reading the header is cheap, and ``safetensors`` checks it against the
-    file's size, so a copy cut off part-way is found here rather than as a
-    traceback while loading.
-    """
-    from safetensors import safe_open
-
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        try:
-            with safe_open(str(path), framework="pt"):
-                pass
-        except Exception as error:  # SafetensorError, or an OSError for an unreadable file
-            raise FinetuneError(f"{path} is damaged or cut short ({_first_line(error)}); copy or save it again")
-
-
-def read_json_object(path: str | Path, fix: str) -> dict[str, Any]:
-    """``path``'s JSON object, or a one-line error that it is damaged, ending in ``fix``."""
-    path = Path(path)
-    try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise FinetuneError(f"{path} is damaged or cut short (not JSON: {_first_line(error)[:80]}); {fix}") from None
-    if not isinstance(loaded, dict):
-        raise FinetuneError(f"{path} is damaged or cut short (not a JSON object); {fix}")
-    return loaded
-
-
-def require_loadable_model_files(
-    folder: str | Path, allow_pickle: bool = False, flag: str = "allow_pickle_checkpoints"
-) -> None:
-    """Refuse a model folder that would not load, or only with a traceback: pickled weights alone (unless
-    ``allow_pickle``), safetensors or config / tokenizer JSON cut short."""
-    require_safe_weights(folder, allow_pickle, flag)
-    require_readable_safetensors(folder)
-    for name in MODEL_JSON_FILES:
-        if (Path(folder) / name).is_file():
-            read_json_object(Path(folder) / name, "copy or save the model again")
-
-
-def require_vocabulary(tokenizer: Any, folder: str | Path) -> None:
-    """Refuse a tokenizer that knows only its special tokens: the model folder had no vocabulary file.
-
-    transformers loads a folder without tokenizer files as an empty tokenizer
-    that reads every word as an unknown token, and every prediction would be
-    made from nothing, with exit status 0. Checked on the loaded tokenizer,
-    not by file names, which differ between tokenizers (tokenizer.json,
-    vocab.txt, spm.model, ...).
-    """
-    if len(tokenizer) <= len(set(tokenizer.all_special_tokens)):
-        raise FinetuneError(
-            f"{folder} has no tokenizer (no tokenizer.json or vocabulary file, so every word would be unknown); "
-            "copy the tokenizer files of the model it was trained from into it (tokenizer.save_pretrained)"
-        )
 
 
 def check_resume(checkpoint: str | Path, args: Any, changed_data: Sequence[str] = ()) -> list[str]:
@@ -249,7 +178,7 @@ def _read_json(path: Path, fix: str) -> dict[str, Any]:
     try:
         loaded = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as error:
-        raise FinetuneError(f"{path} is damaged ({_first_line(error)}); {fix}")
+        raise FinetuneError(f"{path} is damaged ({first_line(error)}); {fix}")
     if not isinstance(loaded, dict):
         raise FinetuneError(f"{path} is damaged (not a JSON object); {fix}")
     return loaded
@@ -264,11 +193,6 @@ def require_finite_weights(model: Any, what: str, run_dir: str | Path, step: int
     raise FinetuneError(
         f"the weights hold NaN or inf at update {step}, so {what} is not saved; {kept}; lower learning_rate"
     )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 def _save_error(final: Path, run_dir: Path, error: BaseException) -> FinetuneError:
@@ -292,7 +216,7 @@ def _save_failure(error: BaseException) -> str:
     # torch.save's zip writer reports a short write by positions ("unexpected pos 704 vs 598").
     if "PytorchStreamWriter" in text or "unexpected pos" in text:
         return "a file was cut short: the disk is full or a file-size limit was reached"
-    return _first_line(error)
+    return first_line(error)
 
 
 class CrashSafeCheckpoints:
@@ -578,7 +502,7 @@ class _damaged_checkpoint:
         if error is None or isinstance(error, FinetuneError) or not isinstance(error, Exception):
             return False
         raise FinetuneError(
-            f"cannot read checkpoint {self.checkpoint} ({_first_line(error)}); it is damaged: "
+            f"cannot read checkpoint {self.checkpoint} ({first_line(error)}); it is damaged: "
             "resume from an earlier checkpoint, or drop --resume_from_checkpoint"
         ) from error
 

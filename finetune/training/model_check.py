@@ -19,7 +19,7 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import FinetuneError
-from .checkpointing import read_json_object
+from .model_files import read_json_object
 from .runs import find_run_config, recorded_class_names, require_model_folder
 
 # The forward pass that shows a model answers with numbers: short, so the check stays cheap.
@@ -180,7 +180,7 @@ def _refuse_non_finite_answers(folder: Path, model: PreTrainedModel, tokenizer: 
     if tokenizer is None:
         from transformers import AutoTokenizer
 
-        from .checkpointing import require_vocabulary
+        from .model_files import require_vocabulary
 
         tokenizer = AutoTokenizer.from_pretrained(folder)
         require_vocabulary(tokenizer, folder)

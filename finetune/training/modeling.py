@@ -16,7 +16,7 @@ from transformers import (
 from ..config.arguments import PACKAGED_MODEL, ModelArguments
 from ..errors import FinetuneError
 from ..fetching.model import fetch_model, find_fetched_model
-from .checkpointing import require_loadable_model_files, require_vocabulary
+from .model_files import require_loadable_model_files, require_vocabulary
 from .pooling import add_mean_pooling_layer
 
 # The Hub ids of models we also ship on PyPI: the packaged copy is used, so a

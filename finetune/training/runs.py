@@ -19,11 +19,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from transformers.trainer_utils import sort_checkpoints
-
 from ..config.output_files import write_output_text
 from ..errors import FinetuneError
-from .checkpointing import read_json_object, require_loadable_model_files
+from .model_files import read_json_object, require_loadable_model_files
 
 RUN_CONFIG = "finetune_run.json"
 # Held (flock) by the run training into the folder; removed when it ends.
@@ -58,6 +56,10 @@ def model_files(folder: Path) -> list[Path]:
 
 def checkpoints(run_dir: Path) -> list[Path]:
     """The ``checkpoint-<step>`` folders of a run, in step order (Trainer's own listing)."""
+    # Here, not at the top: transformers.trainer_utils imports peft where it is installed (a second on 2 cores),
+    # and predict, serve and export read run folders without listing checkpoints.
+    from transformers.trainer_utils import sort_checkpoints
+
     if not run_dir.is_dir():
         return []
     return [Path(path) for path in sort_checkpoints(str(run_dir))]
