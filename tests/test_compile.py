@@ -17,7 +17,7 @@ import copy
 import pytest
 import torch
 import torch._dynamo
-from helpers import flat_parameters, review_dataset, sgd_args
+from helpers import TEST_ON_CPU, flat_parameters, review_dataset, sgd_args
 from test_any_split import RecordingCollator
 from test_exactness import assert_matches_reference, reference_full_batch_steps, trained_parameters
 from test_mpnet_attention import reference_sgd_steps, tiny_mpnet
@@ -77,3 +77,21 @@ def test_compiled_mpnet_keeps_the_contract_and_evaluates(tokenizer, tmp_path):
         eager_loss = torch.nn.functional.cross_entropy(trained.eval()(**batch).logits, labels)
     assert trainer.evaluate(dataset)["eval_loss"] == pytest.approx(float(eager_loss), abs=1e-5)
     assert not any("forward" in vars(module) for module in trained.modules()), "removed after the run"
+
+
+@pytest.mark.skipif(TEST_ON_CPU, reason="CUDA graphs need a GPU: FINETUNE_TEST_DEVICE=cuda (tools/gpu_bench.sh)")
+@pytest.mark.parametrize("budget", [24, None], ids=["by-tokens", "by-count"])
+def test_cuda_graphs_keep_the_update(initial_model, tokenizer, tmp_path, budget):
+    """Inductor with CUDA graphs (reduce-overhead): a window of several micro-batches, every gradient kept.
+
+    Without graph_gradients.py's copies torch 2.13 overwrites the first micro-batch's gradient with the
+    second's (or says it cannot read it); test_graph_gradients.py shows the same on a CPU stand-in.
+    """
+    torch._dynamo.reset()
+    dataset = review_dataset(tokenizer, 12)
+    reference = reference_full_batch_steps(initial_model, dataset, DataCollatorWithPadding(tokenizer), 6)
+    collator = RecordingCollator(tokenizer, pad_to_multiple_of=8)  # few shapes, few graphs to record
+    compiled = {"micro_batch_tokens": budget, "torch_compile": True, "torch_compile_mode": "reduce-overhead"}
+    trained = trained_parameters(ReviewTrainer, initial_model, dataset, collator, tmp_path, 3, 2, **compiled)
+    assert_matches_reference(trained, reference, flat_parameters(initial_model))
+    assert any(len(batch["labels"]) < 6 for batch in collator.batches), "no window of several micro-batches"

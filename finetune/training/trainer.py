@@ -82,6 +82,7 @@ from .checkpointing import CrashSafeCheckpoints
 from .device_copies import to_device_without_waiting
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
 from .first_tokens import reading_first_tokens
+from .graph_gradients import OwnedGradients, uses_cuda_graphs
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
 from .mask_without_reads import MaskWithoutReads
 from .micro_batches import cut_window, keep_features
@@ -154,6 +155,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # How many attention scores a packed row's group of reviews may hold (on a CPU, under malloc's mmap
         # threshold); set when training starts, on the device it trains on.
         self._attention_group_scores: int | None = None
+        # Under CUDA graphs a window's gradients are copied out of the graph's memory before the next
+        # micro-batch's backward overwrites them (see graph_gradients.py); None without CUDA graphs.
+        self._owned_gradients = OwnedGradients() if uses_cuda_graphs(self.args) else None
 
     @property
     def cuts_windows(self) -> bool:
@@ -663,6 +667,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # Summed on the device and read once per update, in _update: a .item() per micro-batch
         # would stall a GPU on every micro-step.
         window_loss_sum = torch.zeros((), dtype=torch.float64, device=self.args.device)
+        if self._owned_gradients is not None:
+            self._owned_gradients.clear()  # the window starts with no gradient (zero_grad set them to None)
         for index, (inputs, mass) in enumerate(zip(window, micro_masses)):
             is_update_step = index == len(window) - 1
             # Gradients are all-reduced once per update, on the window's last micro-batch.
@@ -676,6 +682,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                     self.micro_batch_weight = micro_batch_weight(mass, window_mass, self.accelerator.num_processes)
                     mean_loss = self.training_step(model, inputs, num_items_in_batch)
                     window_loss_sum += mean_loss.double() * mass
+            if not is_update_step and self._owned_gradients is not None:
+                self._owned_gradients.take(model.parameters())
             if not is_update_step:
                 bar.advance(0 if self.cuts_windows else 1, epoch_loss.shown_mean(), self._get_learning_rate())
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
