@@ -84,8 +84,8 @@ def test_compiled_mpnet_keeps_the_contract_and_evaluates(tokenizer, tmp_path):
 def test_cuda_graphs_keep_the_update(initial_model, tokenizer, tmp_path, budget):
     """Inductor with CUDA graphs (reduce-overhead): a window of several micro-batches, every gradient kept.
 
-    Without graph_gradients.py's copies torch 2.13 overwrites the first micro-batch's gradient with the
-    second's (or says it cannot read it); test_graph_gradients.py shows the same on a CPU stand-in.
+    Without cuda_graphs.py's copies torch 2.13 overwrites the first micro-batch's gradient with the
+    second's (or says it cannot read it); test_cuda_graphs.py shows the same on a CPU stand-in.
     """
     torch._dynamo.reset()
     dataset = review_dataset(tokenizer, 12)

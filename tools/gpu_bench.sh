@@ -108,7 +108,7 @@ step "bench MPNet bf16, recipe batch, compiled, ReviewTrainer by tokens" 240 env
   --output $RESULTS/bench-mpnet-tokens-compiled.json
 # The same with CUDA graphs (torch_compile_mode reduce-overhead): one graph is recorded per shape, so every piece is
 # padded to a multiple of 64 tokens (pad_to_multiple_of, every system), at most 8 widths at max_length 512. Not yet
-# tried on a GPU. ReviewTrainer copies a window's gradients out of the graph's memory (graph_gradients.py); stock
+# tried on a GPU. ReviewTrainer copies a window's gradients out of the graph's memory (cuda_graphs.py); stock
 # Trainer and the classic loop do not, so an error of theirs ("accessing gradient tensor output of CUDAGraphs that
 # has been overwritten") on windows of several micro-batches is a finding too.
 step "bench MPNet bf16, recipe batch, CUDA graphs over widths padded to 64, ReviewTrainer by tokens" 240 \

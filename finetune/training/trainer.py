@@ -79,10 +79,10 @@ from .accumulation import (
     updates_per_epoch,
 )
 from .checkpointing import CrashSafeCheckpoints
+from .cuda_graphs import OwnedGradients, copied_tensors, uses_cuda_graphs
 from .device_copies import to_device_without_waiting
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
 from .first_tokens import reading_first_tokens
-from .graph_gradients import OwnedGradients, uses_cuda_graphs
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
 from .mask_without_reads import MaskWithoutReads
 from .micro_batches import cut_window, keep_features
@@ -155,9 +155,10 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # How many attention scores a packed row's group of reviews may hold (on a CPU, under malloc's mmap
         # threshold); set when training starts, on the device it trains on.
         self._attention_group_scores: int | None = None
-        # Under CUDA graphs a window's gradients are copied out of the graph's memory before the next
-        # micro-batch's backward overwrites them (see graph_gradients.py); None without CUDA graphs.
-        self._owned_gradients = OwnedGradients() if uses_cuda_graphs(self.args) else None
+        # Under CUDA graphs a window's gradients, and evaluation's outputs, are copied out of the graph's memory
+        # before the next replay overwrites them (see cuda_graphs.py); None without CUDA graphs.
+        self._under_cuda_graphs = uses_cuda_graphs(self.args)
+        self._owned_gradients = OwnedGradients() if self._under_cuda_graphs else None
 
     @property
     def cuts_windows(self) -> bool:
@@ -264,6 +265,17 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         return output._replace(
             predictions=in_dataset_order(output.predictions, order), label_ids=in_dataset_order(output.label_ids, order)
         )
+
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor | None, Any, Any]:
+        """Trainer's; under CUDA graphs the loss and logits are copied, as evaluation keeps them past the next batch."""
+        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        return copied_tensors(outputs) if self._under_cuda_graphs else outputs
 
     # -------------------------------------------------------------- optimizer
 

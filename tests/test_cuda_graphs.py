@@ -1,4 +1,4 @@
-"""Under CUDA graphs a window's gradients must survive its next micro-batch (finetune/training/graph_gradients.py).
+"""Under CUDA graphs gradients and evaluation outputs must survive the next replay (training/cuda_graphs.py).
 
 A CPU has no CUDA graphs, so :class:`GraphLikeTrainer` does to gradients what
 they do: every backward writes each parameter's gradient into one buffer of
@@ -15,13 +15,13 @@ import types
 
 import pytest
 import torch
-from helpers import flat_parameters, review_dataset
+from helpers import flat_parameters, review_dataset, sgd_args
 from test_exactness import assert_matches_reference, reference_full_batch_steps, trained_parameters
 from transformers import BertForSequenceClassification, DataCollatorWithPadding
 
 from finetune import ReviewTrainer
 from finetune.training import trainer as trainer_module
-from finetune.training.graph_gradients import uses_cuda_graphs
+from finetune.training.cuda_graphs import uses_cuda_graphs
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +115,43 @@ def args_like(**fields):
 )
 def test_which_runs_use_cuda_graphs(fields, expected):
     assert uses_cuda_graphs(args_like(**fields)) is expected
+
+
+def test_evaluation_keeps_each_batchs_outputs(initial_model, tokenizer, tmp_path, monkeypatch):
+    """Logits in memory the next batch's forward overwrites, as a CUDA graph's: predictions still each row's own."""
+    dataset = review_dataset(tokenizer, 10)
+    collator = DataCollatorWithPadding(tokenizer)
+    batch = collator(list(dataset))
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        expected = initial_model.eval()(**batch).logits  # one padded batch, eager: each row's own logits
+    assert len(set(labels.tolist())) > 1
+
+    def predictions(under_cuda_graphs: bool) -> torch.Tensor:
+        monkeypatch.setattr(trainer_module, "uses_cuda_graphs", lambda args: under_cuda_graphs)
+        model = copy.deepcopy(initial_model)
+        _outputs_in_graph_memory(model)
+        args = sgd_args(tmp_path, 3, 2, per_device_eval_batch_size=3)
+        trainer = ReviewTrainer(model=model, args=args, data_collator=collator)
+        return torch.as_tensor(trainer.predict(dataset).predictions)
+
+    assert torch.allclose(predictions(True), expected, atol=1e-5)
+    # The control: kept as they come, every batch's logits but the last were overwritten.
+    assert not torch.allclose(predictions(False), expected, atol=1e-5)
+
+
+def _outputs_in_graph_memory(model) -> None:
+    """``model``'s logits and loss written into one buffer that every forward overwrites, as a CUDA graph's."""
+    forward, memory = model.forward, torch.empty(4096)
+
+    @functools.wraps(forward)  # Trainer reads the signature to choose the dataset's columns
+    def forward_into_memory(*args, **kwargs):
+        outputs = forward(*args, **kwargs)
+        for key in ("loss", "logits"):
+            if outputs.get(key) is not None:
+                start = 0 if key == "logits" else 2048
+                value = outputs[key]
+                outputs[key] = memory[start : start + value.numel()].view_as(value).copy_(value)
+        return outputs
+
+    model.forward = forward_into_memory

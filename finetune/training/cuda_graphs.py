@@ -1,4 +1,4 @@
-"""Gradients that survive CUDA graphs across a window's micro-batches.
+"""What CUDA graphs' reuse of memory asks of the loop: gradients and evaluation outputs copied out in time.
 
 Compiled with CUDA graphs (``torch_compile_mode: reduce-overhead`` or
 ``max-autotune``), a backward writes its gradients into memory the graph owns
@@ -16,6 +16,10 @@ each gradient it has not copied yet into memory of its own; the later
 micro-batches add into those copies. Gradients that are absent stay absent,
 so the optimizer still skips a parameter no micro-batch reached (no weight
 decay on it), as it would without CUDA graphs.
+
+Evaluation is hit the same way: Trainer keeps each batch's loss and logits
+until it joins them to the next batch's, after that batch's replay has
+overwritten them; ReviewTrainer copies them as they come (:func:`copied_tensors`).
 """
 
 from __future__ import annotations
@@ -70,3 +74,14 @@ class OwnedGradients:
     def clear(self) -> None:
         """Forget the copies: the update has used the gradients, and the next window starts without them."""
         self._copies.clear()
+
+
+def copied_tensors(value: Any) -> Any:
+    """``value`` with each tensor in it copied, tuples, lists and dicts rebuilt, anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(copied_tensors(item) for item in value)
+    if isinstance(value, dict):
+        return type(value)((key, copied_tensors(item)) for key, item in value.items())
+    return value
