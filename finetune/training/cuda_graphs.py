@@ -24,6 +24,7 @@ overwritten them; ReviewTrainer copies them as they come (:func:`copied_tensors`
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,7 +51,8 @@ class OwnedGradients:
     """The window's gradients copied out of a CUDA graph's memory, each once; :meth:`clear` at every update."""
 
     def __init__(self) -> None:
-        self._copies: dict[int, torch.Tensor] = {}
+        # Weak: once zero_grad drops a gradient, its copy is not kept alive here until the next window.
+        self._copies: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
     def take(self, parameters: Iterable[torch.nn.Parameter]) -> None:
         """Copy each gradient not copied yet in this window (one multi-tensor copy for all of them)."""
