@@ -1,4 +1,4 @@
-"""The one exception type the command line turns into a one-line message."""
+"""The one exception type the command line turns into a one-line message, and the line it quotes of a cause."""
 
 
 class FinetuneError(ValueError):
@@ -25,3 +25,12 @@ class StoppedBySignal(Exception):
 
 class TrainingInterrupted(StoppedBySignal):
     """Training stopped on a signal after saving a checkpoint; the message says how to resume."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (at most 200 characters), or its type's name if it has none.
+
+    What a one-line ``FinetuneError`` quotes of the library error behind it.
+    """
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__

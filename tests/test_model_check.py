@@ -350,3 +350,21 @@ def test_a_jsonl_input_with_a_byte_order_mark_is_read(tiny_model_dir, tmp_path, 
     argv = ["predict", str(tiny_model_dir), "--input", str(tmp_path / "reviews.jsonl"), "--output", str(output)]
     assert main(argv) == 0
     assert [json.loads(line)["text"] for line in output.read_text(encoding="utf-8").splitlines()] == ["great", "awful"]
+
+
+def test_a_load_error_without_a_message_is_still_one_line():
+    """The cause quoted in the line is the error's first line, or its type's name where it says nothing.
+
+    Before one ``first_line`` served every such message, model loading took ``splitlines()[0]`` of the
+    message itself, an IndexError on an empty one.
+    """
+    from finetune.errors import FinetuneError
+    from finetune.training.modeling import _explain_loading_errors
+
+    with (
+        pytest.raises(FinetuneError, match=r"cannot load model 'folder' \(OSError\); offline"),
+        _explain_loading_errors("folder"),
+    ):
+        raise OSError("")
+    with pytest.raises(FinetuneError, match=r"\(first\); offline"), _explain_loading_errors("folder"):
+        raise OSError("first\nsecond")

@@ -19,7 +19,7 @@ import datasets
 
 from ..config.arguments import DataArguments
 from ..config.text_files import encoding_problem, file_encoding_problem
-from ..errors import FinetuneError
+from ..errors import FinetuneError, first_line
 
 SPLITS = ("train", "validation", "test")
 # File names accepted for each split inside dataset_dir, and split names on the Hub, in order of preference.
@@ -182,8 +182,8 @@ def _read_error(path: Path, error: Exception) -> FinetuneError:
     while cause.__cause__ is not None:
         cause = cause.__cause__
     if "EOF inside string" in str(cause):
-        return FinetuneError(f"cannot read {path}: {_first_line(cause)}; check for an unclosed quote")
-    return FinetuneError(f"cannot read {path}: {_first_line(cause)}; check its format")
+        return FinetuneError(f"cannot read {path}: {first_line(cause)}; check for an unclosed quote")
+    return FinetuneError(f"cannot read {path}: {first_line(cause)}; check its format")
 
 
 def _unwritable_cache(error: BaseException, path: Path) -> FinetuneError | None:
@@ -254,13 +254,13 @@ def read_hub_dataset(hub_id: str, config: str | None, split_names: dict[str, str
             loaded = datasets.load_dataset(hub_id, config)
     except (ConnectionError, TimeoutError) as error:
         raise FinetuneError(
-            f"cannot reach the Hugging Face Hub to load '{hub_id}' ({_first_line(error)}); go online once "
+            f"cannot reach the Hugging Face Hub to load '{hub_id}' ({first_line(error)}); go online once "
             "(datasets caches it), or download its files and replace dataset_name in the recipe "
             "with train_file/test_file pointing at them"
         )
     except Exception as error:  # unknown id, wrong config, gated dataset, ...
         raise FinetuneError(
-            f"cannot load '{hub_id}' from the Hub: {_first_line(error)}; check dataset_name and dataset_config_name"
+            f"cannot load '{hub_id}' from the Hub: {first_line(error)}; check dataset_name and dataset_config_name"
         )
     tables: dict[str, datasets.Dataset] = {}
     for split in SPLITS:
@@ -278,11 +278,6 @@ def read_hub_dataset(hub_id: str, config: str | None, split_names: dict[str, str
         first_row_numbers={split: 0 for split in tables},
         description=where,
     )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, sort_checkpoints
 from transformers.utils import logging
 
-from ..errors import FinetuneError
+from ..errors import FinetuneError, first_line
 from .background_saves import (
     BackgroundWriter,
     CheckpointSnapshot,
@@ -36,7 +36,6 @@ from .background_saves import (
 from .model_files import (
     PICKLED_WEIGHTS,
     SAFE_WEIGHTS,
-    first_line,
     require_readable_safetensors,
     require_safe_weights,
 )

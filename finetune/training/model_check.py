@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..errors import FinetuneError
+from ..errors import FinetuneError, first_line
 from .model_files import read_json_object
 from .runs import find_run_config, recorded_class_names, require_model_folder
 
@@ -124,9 +124,8 @@ def _load_with_loading_info(folder: Path) -> tuple[PreTrainedModel, dict[str, An
         )
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         # An unknown model_type, or weights transformers cannot convert to this architecture.
-        first_line = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise FinetuneError(
-            f"cannot load the model in {folder} ({first_line}); config.json may have been edited: restore it "
+            f"cannot load the model in {folder} ({first_line(error)}); config.json may have been edited: restore it "
             "from a copy of the run or one of its checkpoint-* folders"
         ) from error
     finally:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import FinetuneError
+from ..errors import FinetuneError, first_line
 
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -92,9 +92,3 @@ def require_vocabulary(tokenizer: Any, folder: str | Path) -> None:
             f"{folder} has no tokenizer (no tokenizer.json or vocabulary file, so every word would be unknown); "
             "copy the tokenizer files of the model it was trained from into it (tokenizer.save_pretrained)"
         )
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an error's message (at most 200 characters), or its type's name if it has none."""
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__

@@ -14,7 +14,7 @@ from transformers import (
 )
 
 from ..config.arguments import PACKAGED_MODEL, ModelArguments
-from ..errors import FinetuneError
+from ..errors import FinetuneError, first_line
 from ..fetching.model import fetch_model, find_fetched_model
 from .model_files import require_loadable_model_files, require_vocabulary
 from .pooling import add_mean_pooling_layer
@@ -155,7 +155,7 @@ class _explain_loading_errors:
 
         if isinstance(error, (OSError, ValueError, SafetensorError)):
             raise FinetuneError(
-                f"cannot load model '{self.name}' ({str(error).strip().splitlines()[0][:200]}); "
+                f"cannot load model '{self.name}' ({first_line(error)}); "
                 f"offline, use a local model folder or model_name_or_path: {PACKAGED_MODEL}"
             ) from error
         return False
