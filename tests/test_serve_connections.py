@@ -234,7 +234,7 @@ def test_without_reload_on_change_a_change_is_said_once_and_the_model_kept(tiny_
         _look(live, executor, times=3)
     assert live.served is served and live.info()["changed_on_disk"] == ["model.safetensors"]
     (record,) = caplog.records
-    assert record.getMessage().startswith(f"warning: {folder} changed on disk (model.safetensors) since the model")
+    assert record.getMessage().startswith(f"warning: {folder} changed on disk (model.safetensors rewritten) since")
     assert "restart the server, or start it with --reload_on_change" in record.getMessage()
 
 
@@ -253,4 +253,4 @@ def test_a_reload_that_fails_keeps_the_model_and_says_why_once(tiny_model_dir, t
         _look(live, executor, times=4)  # once to see it settle, then a reload, then no retry of the same files
     assert live.served is served and live.reloads == 0 and live.reload_error
     (record,) = caplog.records
-    assert record.getMessage().startswith(f"warning: cannot reload {folder} (config.json changed): ")
+    assert record.getMessage().startswith(f"warning: cannot reload {folder} (config.json cut short): ")

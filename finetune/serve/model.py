@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..data.cleaning import clean_texts
 from ..data.encoding import ReviewEncoding
 from ..errors import FinetuneError
@@ -107,6 +109,7 @@ def load_served_model(model_path: str | Path) -> ServedModel:
     model_dir = Path(model_path)
     require_served_folder(model_dir)
     model, tokenizer = load_inference_model(model_dir)
+    own_weights(model)
     warn_if_model_changed(model_dir, "its answers")
     run_config = find_run_config(model_dir) or {}
     data_fields = run_config.get("data", {})
@@ -127,6 +130,25 @@ def load_served_model(model_path: str | Path) -> ServedModel:
         backend=backend + (" with fp32 fallback" if isinstance(model, Int8WithFallback) else ""),
         test_scores=_test_scores(model_dir),
     )
+
+
+def own_weights(model: Any) -> None:
+    """Copy every parameter and buffer of a PyTorch ``model`` (or an export's fp32 fallback) into memory of its own.
+
+    transformers maps a safetensors file into memory instead of reading it. The server
+    watches that file, and a page of the map read after the file was cut short under it
+    (training saving into the folder, a copy, ``truncate``) kills the process with SIGBUS,
+    which no Python code can catch. Copied, the weights no longer depend on the file, and
+    the map is released with the last tensor that used it. An int8 export's runtime reads
+    its files itself.
+    """
+    module = model.fp32 if isinstance(model, Int8WithFallback) else model
+    if not isinstance(module, torch.nn.Module):
+        return
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            # Assigned in place of .data: tied weights are one Parameter object, so they stay tied.
+            tensor.data = tensor.data.clone()
 
 
 def _test_scores(model_dir: Path) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -32,9 +33,16 @@ FileState = dict[str, tuple[int, int]]
 
 
 def model_file_state(folder: Path) -> FileState:
-    """The size and modification time of each file ``folder``'s model is loaded from."""
+    """The size and modification time of each file ``folder``'s model is loaded from.
+
+    A folder that cannot be listed (gone, or made unreadable) has no files: its files are said to be removed.
+    """
     state = {}
-    for path in model_files(folder):
+    try:
+        paths = model_files(folder)
+    except OSError:
+        return state
+    for path in paths:
         try:
             stat = path.stat()
         except OSError:
@@ -46,6 +54,27 @@ def model_file_state(folder: Path) -> FileState:
 def changed_files(before: FileState, after: FileState) -> list[str]:
     """The names of the files added, removed or rewritten between two states."""
     return sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+
+
+def describe_changes(folder: Path, before: FileState, after: FileState) -> list[str]:
+    """What happened to each changed file, as the log says it: ``model.safetensors cut short``, ``... removed``."""
+    if not folder.is_dir():
+        return ["the folder is gone"]
+    if not os.access(folder, os.R_OK | os.X_OK):
+        return ["the folder is unreadable"]
+    described = []
+    for name in changed_files(before, after):
+        if name not in after:
+            described.append(f"{name} removed")
+        elif name not in before:
+            described.append(f"{name} added")
+        elif not os.access(folder / name, os.R_OK):
+            described.append(f"{name} unreadable")
+        elif after[name][0] < before[name][0]:
+            described.append(f"{name} cut short")
+        else:
+            described.append(f"{name} rewritten")
+    return described
 
 
 class LiveModel:
@@ -65,7 +94,7 @@ class LiveModel:
         self.changed: list[str] = []  # since the model was loaded, as of the last look
         self.reloads = 0
         self.reload_error: str | None = None
-        self._said: list[str] = []  # the change last said in the log, so that it is said once
+        self._said: list[str] = []  # the changes last said in the log, so that each is said once
         self._settling: FileState | None = None  # the state seen one look ago, while files are still being written
         self._failed: FileState | None = None  # the state a reload failed on: tried again only once it changes
 
@@ -87,13 +116,15 @@ class LiveModel:
             self._settling = None
             return
         if not self.reload_on_change:
-            if self.changed != self._said:
-                self._said = list(self.changed)
+            seen = describe_changes(folder, self.loaded_state, state)
+            # Said once per kind of change, not per look: a file being written changes size at every look.
+            if seen != self._said:
+                self._said = seen
                 logger.warning(
                     "warning: %s changed on disk (%s) since the model was loaded at %s; still answering with the "
-                    "model loaded then: restart the server, or start it with --reload_on_change",
+                    "model loaded then, held in memory: restart the server, or start it with --reload_on_change",
                     folder,
-                    ", ".join(self.changed),
+                    ", ".join(seen),
                     _clock(self.loaded_at),
                 )
             return
@@ -109,9 +140,9 @@ class LiveModel:
             self._failed = state
             self.reload_error = " ".join(str(error).split()) or type(error).__name__
             logger.warning(
-                "warning: cannot reload %s (%s changed): %s; still answering with the model loaded at %s",
+                "warning: cannot reload %s (%s): %s; still answering with the model loaded at %s, held in memory",
                 folder,
-                ", ".join(self.changed),
+                ", ".join(describe_changes(folder, self.loaded_state, state)),
                 self.reload_error,
                 _clock(self.loaded_at),
             )
