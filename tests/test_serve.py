@@ -113,6 +113,13 @@ ABUSE = {
     "too many reviews": (("POST", "/predict", {"reviews": ["ok"] * 257}), AUTH, 413, "257 reviews in one request"),
     "non-UTF-8 bytes": (("POST", "/predict", b'{"reviews": ["caf\xe9"]}'), AUTH, 400, "not UTF-8 (byte 0xe9"),
     "JSON nested too deep": (("POST", "/predict", b"[" * 200_000), AUTH, 400, "nested too deep"),
+    # Python refuses to read an integer of more than 4,300 digits (once a 500 and a traceback in the log).
+    "number of 5,001 digits": (
+        ("POST", "/predict", b'{"reviews": ["a"], "top_k": 1' + b"0" * 5000 + b"}"),
+        AUTH,
+        400,
+        "the body holds a number too long to read (more than 4,300 digits)",
+    ),
     "unknown route": (("GET", "/predictions", None), AUTH, 404, "no route GET /predictions; the routes are"),
     "wrong method": (("GET", "/predict", None), AUTH, 405, "GET is not allowed on /predict"),
     "missing token": (("POST", "/predict", {"reviews": ["fine"]}), {}, 401, "this server needs a token"),

@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import secrets
+import sys
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -288,24 +289,7 @@ async def _read_body(request: Request, model: type[BaseModel], limits: ServeLimi
 
     A review holding a lone surrogate is refused (422), or repaired with ``on_bad_text="replace"``.
     """
-    raw = await request.body()
-    if not raw.strip():
-        raise RequestProblem(400, f"the body is empty; send JSON such as {EXAMPLE_BODY}")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise RequestProblem(
-            400,
-            f"the body is not UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start}); send JSON in UTF-8",
-        )
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise RequestProblem(
-            400, f"the body is not JSON ({error.msg} at line {error.lineno} column {error.colno}); send {EXAMPLE_BODY}"
-        )
-    except RecursionError:
-        raise RequestProblem(400, f"the body is JSON nested too deep to read; send {EXAMPLE_BODY}")
+    data = _parse_json(await request.body())
     try:
         body = model.model_validate(data)
     except ValidationError as error:
@@ -336,6 +320,34 @@ async def _read_body(request: Request, model: type[BaseModel], limits: ServeLimi
                 "followed by a \\udc00-\\udfff one, as in an emoji)",
             )
     return body
+
+
+def _parse_json(raw: bytes) -> Any:
+    """The body read as UTF-8 JSON; a :class:`RequestProblem` (400) says why it cannot be."""
+    if not raw.strip():
+        raise RequestProblem(400, f"the body is empty; send JSON such as {EXAMPLE_BODY}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestProblem(
+            400,
+            f"the body is not UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start}); send JSON in UTF-8",
+        )
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RequestProblem(
+            400, f"the body is not JSON ({error.msg} at line {error.lineno} column {error.colno}); send {EXAMPLE_BODY}"
+        )
+    except RecursionError:
+        raise RequestProblem(400, f"the body is JSON nested too deep to read; send {EXAMPLE_BODY}")
+    except ValueError:
+        # Python refuses to turn so many digits into an int (CVE-2020-10735); no field here takes such a number.
+        raise RequestProblem(
+            400,
+            f"the body holds a number too long to read (more than {sys.get_int_max_str_digits():,} digits); "
+            f"send numbers of ordinary size, as in {EXAMPLE_BODY}",
+        )
 
 
 def _first_problem(error: ValidationError) -> str:
