@@ -246,7 +246,7 @@ def test_the_check_has_teeth_pieces_weighted_alike_fail(initial_model, tokenizer
     dataset = review_dataset(tokenizer, 12)
     collator = DataCollatorWithPadding(tokenizer)
     reference = reference_full_batch_steps(initial_model, dataset, collator, 6)
-    monkeypatch.setattr(ReviewTrainer, "_loss_mass", lambda self, inputs: 1.0)
+    monkeypatch.setattr(ReviewTrainer, "_loss_items", lambda self, inputs: 1.0)
     trained = trained_parameters(ReviewTrainer, initial_model, dataset, collator, tmp_path, 3, 2, micro_batch_tokens=40)
     with pytest.raises(AssertionError, match="relative"):
         assert_matches_reference(trained, reference, flat_parameters(initial_model))

@@ -27,6 +27,7 @@ from distributed_worker import (
     COVERAGE_STRATEGIES,
     EVAL_SAMPLES,
     EXACTNESS_CASES,
+    TOKEN_LEVEL_CASES,
     case_dataset,
     run_evaluation,
     sample_rows,
@@ -108,6 +109,19 @@ def test_two_processes_equal_one_full_batch_step_per_window(ranks, initial_model
     assert_matches_reference(trained, reference, flat_parameters(initial_model))
     print(f"{name}: 1 process x {PROCESSES * case.micro_batch} vs the reference: ", end="")
     assert_matches_reference(one_process, reference, flat_parameters(initial_model))
+
+
+@pytest.mark.parametrize("name", TOKEN_LEVEL_CASES)
+def test_two_processes_sum_a_token_level_windows_items_over_both(ranks, name):
+    """Contract 10 with 8: a causal LM's or token classifier's window is shared out by its items on both ranks."""
+    from test_every_loss_exact import FAMILIES, reference_steps
+
+    family, samples, micro_batch, n, _ = TOKEN_LEVEL_CASES[name]
+    make_model, make_rows = FAMILIES[family]
+    model = make_model()
+    reference = reference_steps(model, make_rows(samples, seed=samples), PROCESSES * micro_batch * n)
+    assert torch.equal(ranks[0]["token_level"][name], ranks[1]["token_level"][name])
+    assert_matches_reference(ranks[0]["token_level"][name], reference, flat_parameters(model))
 
 
 def test_token_budget_cases_cut_windows_into_different_piece_counts_per_rank(ranks):

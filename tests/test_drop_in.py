@@ -513,7 +513,6 @@ def test_lomo_is_told_the_learning_rate_in_backward_as_stock_tells_it(initial_mo
         trainer.optimizer.step()  # no gradients yet: changes nothing, but lets the scheduler step
         trainer.lr_scheduler.step()  # half-way through the warm-up: lr 1.5e-4
         trainer.args.optim = "lomo"
-        trainer.micro_batch_weight = 1.0  # ReviewTrainer's loop sets it per micro-batch
         trainer.current_gradient_accumulation_steps = 1  # stock's loop sets it per window
         trainer.accelerator.backward = lambda loss, trainer_class=trainer_class, **kwargs: seen.update(
             {trainer_class: kwargs}

@@ -237,7 +237,7 @@ def test_class_weighted_windows_must_be_normalised_by_summed_weights(initial_mod
     weights = by_hand_balanced_weights(dataset["labels"], 3)
     collator = DataCollatorWithPadding(tokenizer)
     reference = reference_full_batch_steps(initial_model, dataset, collator, 6, class_weights=weights)
-    monkeypatch.setattr(ReviewTrainer, "_loss_mass", lambda self, inputs: float(len(inputs["labels"])))
+    monkeypatch.setattr(ReviewTrainer, "_loss_items", lambda self, inputs: float(len(inputs["labels"])))
     trained = trained_parameters(
         ReviewTrainer, initial_model, dataset, collator, tmp_path, 3, 2, class_weighting="balanced"
     )

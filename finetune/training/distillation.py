@@ -25,6 +25,7 @@ from torch import nn
 
 from ..data.class_weights import class_weights_for
 from ..data.columns import column_values
+from .accumulation import weighted_share
 from .trainer import ReviewTrainer
 
 # The dataset column (and batch key) holding the teacher's log-probabilities for a review.
@@ -105,7 +106,10 @@ class DistillationTrainer(ReviewTrainer):
         return_outputs: bool = False,
         num_items_in_batch: Any = None,
     ) -> Any:
-        """The batch's mean distillation loss where the batch has teacher probabilities, else the plain loss."""
+        """The batch's mean distillation loss where the batch has teacher probabilities, else the plain loss.
+
+        With ``num_items_in_batch`` (the window's reviews), the batch's share of the window's mean, as the plain loss.
+        """
         if TEACHER_COLUMN not in inputs:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inputs = dict(inputs)
@@ -124,10 +128,12 @@ class DistillationTrainer(ReviewTrainer):
             self.args.label_smoothing_factor,
         )
         loss = losses.mean()
+        if num_items_in_batch is not None:
+            loss = weighted_share(loss, float(len(losses)), num_items_in_batch)
         return (loss, outputs) if return_outputs else loss
 
-    def _loss_mass(self, inputs: dict[str, Any]) -> float:
-        # The distillation loss is a plain mean over the batch's reviews, class weights or not.
+    def _loss_items(self, inputs: dict[str, Any]) -> float | torch.Tensor:
+        # The distillation loss is a plain mean over the batch's reviews, labelled or not, class weights or not.
         if TEACHER_COLUMN in inputs:
             return float(self._count_samples(inputs))
-        return super()._loss_mass(inputs)
+        return super()._loss_items(inputs)

@@ -3,9 +3,10 @@
 Stock ``Trainer`` divides each micro-batch loss by the number of micro-batches
 in the window, or (for models that accept ``num_items_in_batch``, BERT
 classifiers included) by nothing at all, which makes updates n times too large.
-Here each micro-batch's mean loss is weighted by its share of the window's
-samples, so every update equals one full-batch step on the window's samples,
-whatever the size of the last micro-batch or window. See the README's
+Here each micro-batch's loss is its share of the window's items (what the loss
+averages over: reviews, label tokens, next tokens), so every update equals one
+full-batch step on the window's samples, whatever the size of the last
+micro-batch or window. See the README's
 "Accumulation contract" for what is promised and tested.
 
 Everything else (optimizer and scheduler creation, Accelerate, evaluation,
@@ -23,10 +24,13 @@ one update per window. Its terms:
   update; an epoch's last window may be shorter and is trained, not dropped.
 - **update**: one optimizer and scheduler step on the window's gradient;
   ``state.global_step`` counts updates.
-- **mass**: what a micro-batch's mean loss averages over, its samples or
-  (with class weights) their summed weights. A micro-batch's **weight**
-  (``micro_batch_weight``) is its mass over the window's mass on all
-  processes, so a window's gradient is that of one full batch.
+- **items**: what a micro-batch's loss averages over (``loss_items`` in
+  accumulation.py): its reviews, label tokens or next tokens, or with class
+  weights their summed weights. ``training_step`` is given the window's items
+  on all processes as ``num_items_in_batch``, as stock passes them, and
+  backpropagates the micro-batch's **share** of the window's mean loss (its
+  summed item losses over the window's items), so a window's gradient is
+  that of one full batch.
 - **global micro-batch**: micro-batch k of every process together; with N
   processes it holds one process's micro-batch k of N x b. A process's part of
   it is its **share**; an **empty share** is none at all (the epoch's last
@@ -74,9 +78,11 @@ from ..data.columns import column_values, token_counts
 from ..errors import FinetuneError
 from .accumulation import (
     epochs_to_run,
-    micro_batch_weight,
+    loss_items,
+    takes_item_count,
     total_updates,
     updates_per_epoch,
+    weighted_share,
 )
 from .checkpointing import CrashSafeCheckpoints
 from .cuda_graphs import OwnedGradients, copied_tensors, uses_cuda_graphs
@@ -132,8 +138,6 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self.nonfinite_in_a_row = 0
         # Wall-clock seconds train() spent evaluating and saving checkpoints (finetune train's breakdown).
         self.seconds_in = {"evaluation": 0.0, "checkpoint_saves": 0.0}
-        # The share of its window's loss that the next training_step backpropagates (set per micro-batch).
-        self.micro_batch_weight = 1.0
         strategy = getattr(self.args, "class_weighting", "none")
         if class_weights is None and strategy != "none":
             # Only then is the train split read: an evaluation-only or iterable dataset has no labels column.
@@ -143,6 +147,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             class_weights = validate_class_weights(class_weights, self.model.config.num_labels)
         self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
         self._class_weights_on_device: torch.Tensor | None = None  # a copy where the labels are, made once
+        # What a rank with no sample in a global micro-batch forwards, weighted 0 (set when training starts).
+        self._stand_in: dict[str, Any] | None = None
         # How windows are cut into pieces (see micro_batches.py): a token budget (halved on out-of-memory)
         # and whether pieces are packed rows. Neither set: the dataloader's micro-batches, as stock.
         self.micro_batch_tokens: int | None = getattr(self.args, "micro_batch_tokens", None)
@@ -456,9 +462,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             # Only the first epoch of a resumed run skips micro-batches and restores the random state.
             resumed = (micro_batches_done, resume_from_checkpoint) if index == start_epoch else (0, None)
             epoch = self._start_epoch(train_dataloader, run, index, *resumed)
-            for window, num_items_in_batch in self._windows(epoch.batches, epoch.micro_batches_left):
+            for window in self._windows(epoch.batches, epoch.micro_batches_left):
                 self.control = self.callback_handler.on_step_begin(self.args, self.state, self.control)
-                window_loss = self._accumulate_window(model, window, epoch.loss, epoch.bar, num_items_in_batch)
+                window_loss = self._accumulate_window(model, window, epoch.loss, epoch.bar)
                 if window_loss is None:
                     # A callback stopped inside the window: as stock, the window makes no update.
                     model.zero_grad(set_to_none=True)
@@ -575,15 +581,15 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         """The next accumulation window: up to ``num_batches`` micro-batches from ``epoch_iterator``.
 
         Stock Trainer's hook, called once per window, so a subclass can change
-        what a window holds. Stock also returns the items in the window for
-        its loss scaling; here each micro-batch's weight is its share of the
-        window's samples (``micro_batch_weight``), so the count is ``None``.
+        what a window holds. Stock also returns the items in the window; here
+        the count is ``None``, since the loop counts a window's items once it
+        is cut into pieces (``_accumulate_pieces``), on every process.
         The last window of an epoch may be shorter; it is trained, never dropped.
         """
         return list(itertools.islice(epoch_iterator, num_batches)), None
 
-    def _windows(self, epoch_batches: Iterable[Any], micro_batches_left: int | None) -> Iterator[tuple[list[Any], Any]]:
-        """The epoch's windows and their ``num_items_in_batch``, each drawn by ``get_batch_samples``.
+    def _windows(self, epoch_batches: Iterable[Any], micro_batches_left: int | None) -> Iterator[list[Any]]:
+        """The epoch's windows, each drawn by ``get_batch_samples``.
 
         As stock, a window asks for n micro-batches, the last for what is left
         of the epoch, and no call is made past the epoch's end when its length
@@ -594,14 +600,14 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         accumulation_steps = self.args.gradient_accumulation_steps
         while micro_batches_left is None or micro_batches_left > 0:
             wanted = accumulation_steps if micro_batches_left is None else min(accumulation_steps, micro_batches_left)
-            window, num_items_in_batch = self.get_batch_samples(iterator, wanted, self.args.device)
+            window, _ = self.get_batch_samples(iterator, wanted, self.args.device)
             if not window:
                 return
             # As stock sets it per window, for subclasses and callbacks that read it.
             self.current_gradient_accumulation_steps = len(window)
             if micro_batches_left is not None:
                 micro_batches_left -= len(window)
-            yield window, num_items_in_batch
+            yield window
         # Run the dataloader to its end (nothing is left), so Accelerate closes the epoch's iteration.
         next(iterator, None)
 
@@ -611,23 +617,22 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         window: list[dict[str, Any] | None],
         epoch_loss: _LossTracker,
         bar: EpochProgressBar,
-        num_items_in_batch: Any = None,
     ) -> _LossTracker | None:
-        """Forward and backward every micro-batch of one window, weighting each by its share of the window's loss.
+        """Forward and backward every micro-batch of one window, each as its share of the window's loss.
 
-        A micro-batch's share is its samples over the window's samples (on all
-        processes), or with class weights its samples' summed weights over the
-        window's. ``None`` is this rank's empty share of a global micro-batch.
+        A micro-batch's share is its items over the window's items on all
+        processes (see ``_accumulate_pieces``). ``None`` is this rank's empty
+        share of a global micro-batch.
         Returns ``None`` when a callback stops the epoch or the run inside the
         window (``on_substep_end``), as stock Trainer stops there too.
         """
         if not self.cuts_windows:
-            return self._accumulate_pieces(model, window, epoch_loss, bar, num_items_in_batch)
+            return self._accumulate_pieces(model, window, epoch_loss, bar)
         while True:
             # The pieces are the micro-batches now; a rank with no sample in the window forwards the stand-in.
             pieces = self._cut_window(window, self.micro_batch_tokens) or [None]
             try:
-                window_loss = self._accumulate_pieces(model, pieces, epoch_loss, bar, num_items_in_batch)
+                window_loss = self._accumulate_pieces(model, pieces, epoch_loss, bar)
             except torch.OutOfMemoryError:
                 if self.micro_batch_tokens is None or self.micro_batch_tokens < 2:
                     raise
@@ -671,29 +676,31 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         window: list[dict[str, Any] | None],
         epoch_loss: _LossTracker,
         bar: EpochProgressBar,
-        num_items_in_batch: Any = None,
     ) -> _LossTracker | None:
-        """Forward and backward each micro-batch (or piece) of a window; see ``_accumulate_window``."""
-        micro_masses = [0.0 if inputs is None else self._loss_mass(inputs) for inputs in window]
-        window_mass = self._sum_over_processes(sum(micro_masses))
+        """Forward and backward each micro-batch (or piece) of a window; see ``_accumulate_window``.
+
+        The window's items are counted once, summed over processes, and given
+        to every ``training_step`` as ``num_items_in_batch``.
+        """
+        micro_items = [0.0 if inputs is None else self._loss_items(inputs) for inputs in window]
+        window_items = self._sum_over_processes(sum(micro_items))
         # Summed on the device and read once per update, in _update: a .item() per micro-batch
         # would stall a GPU on every micro-step.
         window_loss_sum = torch.zeros((), dtype=torch.float64, device=self.args.device)
         if self._owned_gradients is not None:
             self._owned_gradients.clear()  # the window starts with no gradient (zero_grad set them to None)
-        for index, (inputs, mass) in enumerate(zip(window, micro_masses)):
+        for index, inputs in enumerate(window):
             is_update_step = index == len(window) - 1
             # Gradients are all-reduced once per update, on the window's last micro-batch.
             self.accelerator.gradient_state._set_sync_gradients(is_update_step)
             self._count_work(inputs)
             with self._sync_context(model, is_update_step)():
                 if inputs is None:
-                    self.micro_batch_weight = 0.0
-                    self.training_step(model, self._stand_in)
+                    self.training_step(model, self._stand_in, window_items)  # weighted 0: see training_step
                 else:
-                    self.micro_batch_weight = micro_batch_weight(mass, window_mass, self.accelerator.num_processes)
-                    mean_loss = self.training_step(model, inputs, num_items_in_batch)
-                    window_loss_sum += mean_loss.double() * mass
+                    share = self.training_step(model, inputs, window_items)
+                    # The share is this micro-batch's summed item losses over the window's items.
+                    window_loss_sum += share.double() * window_items
             if not is_update_step and self._owned_gradients is not None:
                 self._owned_gradients.take(model.parameters())
             if not is_update_step:
@@ -702,8 +709,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     return None
         samples = sum(self._count_samples(inputs) for inputs in window if inputs is not None)
-        # Still on the device (the mass too, with class weights): _update reads them with the grad norm.
-        return _LossTracker(window_loss_sum, sum(micro_masses), samples)
+        # Still on the device (the items too, when counted there): _update reads them with the grad norm.
+        return _LossTracker(window_loss_sum, sum(micro_items), samples)
 
     def compute_loss(
         self,
@@ -712,29 +719,54 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         return_outputs: bool = False,
         num_items_in_batch: Any = None,
     ) -> Any:
-        """Trainer's loss; with class weights, the class-weighted cross-entropy (a weighted mean over the batch).
+        """The micro-batch's mean loss, or with ``num_items_in_batch`` its share of the window's mean loss.
 
-        Used for training and evaluation alike, so the two losses are comparable.
-        Always the batch's mean: ``num_items_in_batch`` is ignored (the window's
-        weighting is ``micro_batch_weight``'s job).
+        The share is the micro-batch's summed item losses over
+        ``num_items_in_batch`` (the window's items on all processes, as the
+        training loop passes them; see ``loss_items``). The mean is Trainer's
+        loss, with class weights the class-weighted cross-entropy, or a
+        ``compute_loss_func``'s: one that takes ``num_items_in_batch`` is given
+        it, and returns the share itself, as under stock Trainer.
         """
+        if self.compute_loss_func is not None and self.class_weights is None and "labels" in inputs:
+            loss, outputs = self._user_loss(model, inputs, num_items_in_batch)
+        else:
+            loss, outputs = self._mean_loss(model, inputs)
+            if num_items_in_batch is not None:
+                loss = weighted_share(loss, self._loss_items(inputs), num_items_in_batch)
+        return (loss, outputs) if return_outputs else loss
+
+    def _mean_loss(self, model: nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """The micro-batch's mean loss and the model's outputs: Trainer's, or with class weights a weighted mean."""
         if self.class_weights is None or "labels" not in inputs:
-            # Not passed on: Trainer's evaluation sends it, and Trainer then multiplies the loss by the
-            # number of processes, which BERT classifiers (whose loss ignores it) do not undo.
-            return super().compute_loss(model, inputs, return_outputs)
+            # No num_items_in_batch for Trainer: it would pass it to the model, whose loss may ignore it
+            # (BERT classifiers'), and multiply the loss by the number of processes.
+            return super().compute_loss(model, inputs, return_outputs=True)
         inputs = dict(inputs)
         labels = inputs.pop("labels")
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         # cross_entropy with weight= divides by the summed weights of the batch's labels,
-        # which is what makes micro-batches add up to the full window (see _loss_mass).
+        # which is what makes micro-batches add up to the full window (see loss_items).
         loss = nn.functional.cross_entropy(
             logits.float().view(-1, logits.shape[-1]),
             labels.view(-1),
             weight=self._class_weights_on(logits.device),
             label_smoothing=self.args.label_smoothing_factor,
         )
-        return (loss, outputs) if return_outputs else loss
+        return loss, outputs
+
+    def _user_loss(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any) -> tuple[torch.Tensor, Any]:
+        """A ``compute_loss_func``'s loss: given the window's items if it takes them, else its mean weighted here."""
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        if takes_item_count(self.compute_loss_func):
+            return self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch), outputs
+        loss = self.compute_loss_func(outputs, labels)
+        if num_items_in_batch is not None:
+            loss = weighted_share(loss, self._loss_items({"labels": labels}), num_items_in_batch)
+        return loss, outputs
 
     def _sync_context(self, model: nn.Module, is_update_step: bool) -> Any:
         """Where gradients are all-reduced: on the window's last micro-batch only (``no_sync`` before it).
@@ -774,36 +806,49 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         return super()._prepare_input(data)
 
     def training_step(
-        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | float | None = None
     ) -> torch.Tensor:
-        """One micro-batch: its mean loss, backpropagated times ``micro_batch_weight``; returns it unscaled, detached.
+        """One micro-batch: backpropagate its share of the window's loss; returns the share, detached.
 
-        The loop calls this once per micro-batch, as stock Trainer does, after
-        setting ``micro_batch_weight`` to the micro-batch's share of its
-        window's loss. A subclass may override it and call ``super()``; the
-        loss it returns is what the loop logs. ``num_items_in_batch`` is
-        ignored: the weight already says how this batch counts in the window.
+        The loop calls this once per micro-batch, as stock Trainer does, with
+        ``num_items_in_batch`` the window's items on all processes; called
+        without it, the micro-batch is a window of its own. The share is what
+        ``compute_loss`` returns when it takes ``num_items_in_batch`` (an
+        override without it returns a mean, weighted here by the micro-batch's
+        items). A subclass may override this and call ``super()``; the share
+        it returns, times the window's items, is what the loop logs.
         """
         model.train()
         if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
             self.optimizer.train()  # schedule-free optimizers switch modes
+        # A rank with no sample in a global micro-batch forwards the stand-in, weighted 0: it only joins DDP.
+        is_stand_in = inputs is self._stand_in
         inputs = self._prepare_inputs(inputs)
+        if num_items_in_batch is None:
+            num_items_in_batch = self._loss_items(inputs)
         with self.compute_loss_context_manager():
-            mean_loss = self.compute_loss(model, inputs)
+            if takes_item_count(self.compute_loss):
+                share = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+            else:
+                share = weighted_share(self.compute_loss(model, inputs), self._loss_items(inputs), num_items_in_batch)
+        if is_stand_in:
+            share = weighted_share(share, 0.0, 1.0)
         del inputs
         steps = self.args.torch_empty_cache_steps
         if steps is not None and self.state.global_step % steps == 0:
             clear_device_cache()  # as stock: lowers peak GPU memory at the cost of speed
         if self.args.n_gpu > 1:
-            mean_loss = mean_loss.mean()  # nn.DataParallel returns one loss per device
+            share = share.mean()  # nn.DataParallel returns one loss per device
         # Accelerate applies the fp16 GradScaler here; Trainer set its own accumulation to 1,
-        # and DeepSpeed must not divide by its accumulation steps either (the weight already does).
+        # and DeepSpeed must not divide by its accumulation steps either (the share already does).
         kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
         if self.args.optim in (OptimizerNames.LOMO, OptimizerNames.ADALOMO):
             # LOMO updates inside backward (fused_backward) and is told this update's learning rate there.
             kwargs["learning_rate"] = self._get_learning_rate()
-        self.accelerator.backward(mean_loss * self.micro_batch_weight, **kwargs)
-        return mean_loss.detach()
+        # The window's items are summed over processes and DDP averages the gradients over them:
+        # the factor undoes the average, so the update is the full batch's.
+        self.accelerator.backward(share * self.accelerator.num_processes, **kwargs)
+        return share.detach()
 
     def _update(self, model: nn.Module, window_loss: _LossTracker) -> tuple[float | None, float]:
         """Clip, step the optimizer and the scheduler once, on the whole window's gradient.
@@ -879,16 +924,28 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             reference = next(value for value in inputs.values() if isinstance(value, torch.Tensor))
         return int(reference.shape[0])
 
-    def _loss_mass(self, inputs: dict[str, Any]) -> float | torch.Tensor:
-        """What a micro-batch's mean loss is averaged over: its samples, or their summed class weights.
+    def _loss_items(self, inputs: dict[str, Any]) -> float | torch.Tensor:
+        """What this micro-batch's loss averages over (``loss_items``): reviews, label tokens, or summed class weights.
 
-        The summed weights stay a tensor on the labels' device: reading them here
-        would cost a host sync per micro-batch.
+        Counted on the labels' device: a GPU count stays a tensor there (read
+        with the update's other sums), since reading it would be a host sync
+        per micro-batch.
         """
-        if self.class_weights is None or inputs.get("labels") is None:
-            return float(self._count_samples(inputs))
-        labels = inputs["labels"].view(-1)
-        return self._class_weights_on(labels.device)[labels].double().sum()
+        labels = inputs.get("labels")
+        weighted = self.class_weights is not None and labels is not None
+        class_weights = self._class_weights_on(labels.device) if weighted else None
+        return loss_items(inputs, getattr(self, "_loss_shifts_labels", False), class_weights)
+
+    def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device) -> float | torch.Tensor | None:
+        """The items of the batches in ``batch_samples`` on this process (``loss_items``), or None without labels.
+
+        Trainer calls this for each evaluation batch and passes the count to
+        ``compute_loss``, whose share of it is then the batch's mean. The
+        training loop counts its windows itself (``_accumulate_pieces``).
+        """
+        if not batch_samples or not isinstance(batch_samples[0], dict) or "labels" not in batch_samples[0]:
+            return None
+        return sum(self._loss_items(batch) for batch in batch_samples)
 
     def _class_weights_on(self, device: torch.device) -> torch.Tensor:
         """The class weights on ``device``, copied there once.

@@ -70,6 +70,18 @@ TRAINER_MEMBERS: tuple[TrainerMember, ...] = (
     TrainerMember("_load_rng_state", "overridden", ("checkpoint",), "training/checkpointing.py; trainer.py calls it"),
     TrainerMember("_set_signature_columns_if_needed", "overridden", (), "training/distillation.py: teacher column"),
     TrainerMember(
+        "_get_num_items_in_batch",
+        "overridden",
+        ("batch_samples", "device"),
+        "training/trainer.py: an evaluation batch's items, counted as the training loop counts them",
+    ),
+    TrainerMember(
+        "_loss_shifts_labels",
+        "attribute",
+        (),
+        "training/trainer.py: whether the model's loss predicts the next token, so its items are labels[..., 1:]",
+    ),
+    TrainerMember(
         "_get_learning_rate",
         "overridden",
         (),
