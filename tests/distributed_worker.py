@@ -55,12 +55,14 @@ EXACTNESS_CASES = {
     "token-budget": ExactnessCase(17, 3, 2, micro_batch_tokens=20),
     "token-budget-packed": ExactnessCase(17, 3, 2, micro_batch_tokens=40, padding_free=True),
 }
-# Contract 10 on 2 processes: token-level losses (tests/test_every_loss_exact.py's tiny models), each
-# window's items summed over both ranks. (family, samples, micro-batch, n, token budget)
+# Contract 10 on 2 processes: token-level and multi-label losses (tests/test_every_loss_exact.py's tiny
+# models), each window's items summed over both ranks. (family, samples, micro-batch, n, token budget[, packed])
 TOKEN_LEVEL_CASES = {
     "causal-lm-partial-window": ("causal-lm", 17, 2, 2, None),
     "causal-lm-token-budget": ("causal-lm", 17, 3, 2, 20),
     "token-classifier-partial-window": ("token-classifier", 17, 2, 2, None),
+    "multi-label-partial-window": ("multi-label", 17, 2, 2, None),
+    "multi-label-token-budget-packed": ("multi-label", 17, 3, 2, 40, True),
 }
 # Coverage runs: dropout on (so ranks' random streams differ), 3 epochs of shuffled order.
 COVERAGE_SAMPLES = 21
@@ -160,13 +162,15 @@ def run_exactness_case(model_dir: Path, tokenizer, case: ExactnessCase, output_d
     }
 
 
-def run_token_level_case(family: str, samples: int, micro_batch: int, n: int, budget, output_dir: Path) -> torch.Tensor:
-    """Train one token-level case on this rank; its final parameters."""
+def run_token_level_case(
+    family: str, samples: int, micro_batch: int, n: int, budget, packed=False, *, output_dir: Path
+) -> torch.Tensor:
+    """Train one token-level or multi-label case on this rank; its final parameters."""
     from test_every_loss_exact import FAMILIES, pad_rows
 
     make_model, make_rows = FAMILIES[family]
     model = make_model()
-    args = sgd_args(output_dir, micro_batch, n, micro_batch_tokens=budget)
+    args = sgd_args(output_dir, micro_batch, n, micro_batch_tokens=budget, padding_free=packed)
     dataset = make_rows(samples, seed=samples)
     ReviewTrainer(model=model, args=args, train_dataset=dataset, data_collator=pad_rows).train()
     return flat_parameters(model)
@@ -226,7 +230,8 @@ def main(model_dir: str, out_dir: str) -> None:
             for name, case in EXACTNESS_CASES.items()
         },
         "token_level": {
-            name: run_token_level_case(*case, out / "runs" / name) for name, case in TOKEN_LEVEL_CASES.items()
+            name: run_token_level_case(*case, output_dir=out / "runs" / name)
+            for name, case in TOKEN_LEVEL_CASES.items()
         },
         "coverage": {
             strategy: run_coverage(model_dir, tokenizer, strategy, out / "runs" / strategy)

@@ -1,7 +1,9 @@
-"""Contract 10: every loss counts its own items, so token-level losses are exact too.
+"""Contract 10: every loss counts its own items, so token-level and multi-label losses are exact too.
 
 A causal LM's loss is a mean over its labelled next tokens and a token
-classifier's over its labelled tokens, not over rows. The reference here is
+classifier's over its labelled tokens, not over rows; a multi-label
+classifier's binary cross-entropy is a mean over reviews of each review's
+mean over its tags. The reference here is
 plain PyTorch, independent of the trainer: each window's samples collated
 into one batch, the model's own loss on it (its mean over the window's
 items), one SGD(lr=1) step. ReviewTrainer must match it at every split of a
@@ -27,6 +29,7 @@ from helpers import flat_parameters, quiet_args, sgd_args, sgd_step
 from test_exactness import assert_matches_reference
 from transformers import (
     BertConfig,
+    BertForSequenceClassification,
     BertForTokenClassification,
     LlamaConfig,
     LlamaForCausalLM,
@@ -76,6 +79,35 @@ def token_classifier() -> BertForTokenClassification:
     return BertForTokenClassification(config)
 
 
+def tag_classifier() -> BertForSequenceClassification:
+    """A 2-layer BERT classifier of hidden size 16 giving 3 tags per review (sigmoid, binary cross-entropy)."""
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+        num_labels=3,
+        problem_type="multi_label_classification",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return BertForSequenceClassification(config)
+
+
+def review_tag_rows(count: int, seed: int) -> datasets.Dataset:
+    """Reviews of 2 to 14 tokens, each with 3 yes/no tags (0.0 or 1.0); one review has no tag, a valid row."""
+    rng = random.Random(seed)
+    rows = {"input_ids": [], "labels": []}
+    for index in range(count):
+        rows["input_ids"].append([rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 14))])
+        tags = [float(rng.random() < 0.35) for _ in range(3)]
+        rows["labels"].append([0.0, 0.0, 0.0] if index == 3 else tags)
+    return datasets.Dataset.from_dict(rows)
+
+
 def causal_rows(count: int, seed: int) -> datasets.Dataset:
     """Rows of 2 to 14 tokens whose first tokens (a prompt) are masked with -100; one row has no target at all."""
     rng = random.Random(seed)
@@ -110,24 +142,39 @@ def pad_rows(features: list[dict]) -> dict[str, torch.Tensor]:
         return torch.tensor([list(value) + [fill] * (width - len(value)) for value in values])
 
     input_ids = [feature["input_ids"] for feature in features]
+    labels = [feature["labels"] for feature in features]
+    # A review's tags are one row of floats; token labels run along the tokens and are padded.
+    tags = isinstance(labels[0][0], float)
     return {
         "input_ids": padded(input_ids, PAD),
         "attention_mask": padded([[1] * len(ids) for ids in input_ids], 0),
-        "labels": padded([feature["labels"] for feature in features], IGNORED),
+        "labels": torch.tensor(labels) if tags else padded(labels, IGNORED),
     }
 
 
-FAMILIES = {"causal-lm": (causal_lm, causal_rows), "token-classifier": (token_classifier, tagged_rows)}
+FAMILIES = {
+    "causal-lm": (causal_lm, causal_rows),
+    "token-classifier": (token_classifier, tagged_rows),
+    "multi-label": (tag_classifier, review_tag_rows),
+}
 
 
-def reference_steps(model, dataset, window_samples: int) -> torch.Tensor:
-    """One SGD(lr=1) step per window on the model's own loss over the window's samples collated as one batch."""
+def reference_steps(model, dataset, window_samples: int, pos_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """One SGD(lr=1) step per window on the model's own loss over the window's samples collated as one batch.
+
+    With ``pos_weight`` the loss is PyTorch's binary cross-entropy with those per-tag weights on the window.
+    """
     model = copy.deepcopy(model)
     model.train()
     parameters = list(model.parameters())
     for start in range(0, len(dataset), window_samples):
         batch = pad_rows([dataset[row] for row in range(start, min(start + window_samples, len(dataset)))])
-        sgd_step(parameters, model(**batch).loss)
+        if pos_weight is None:
+            loss = model(**batch).loss
+        else:
+            labels = batch.pop("labels")
+            loss = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)(model(**batch).logits, labels)
+        sgd_step(parameters, loss)
     return flat_parameters(model)
 
 
@@ -149,7 +196,7 @@ SPLITS = {
 
 @pytest.mark.parametrize("family", FAMILIES, ids=FAMILIES.keys())
 @pytest.mark.parametrize(("samples", "micro_batch", "n", "budget"), SPLITS.values(), ids=SPLITS.keys())
-def test_token_level_update_equals_full_batch_step(tmp_path, family, samples, micro_batch, n, budget):
+def test_update_equals_full_batch_step_for_every_loss(tmp_path, family, samples, micro_batch, n, budget):
     make_model, make_rows = FAMILIES[family]
     model, dataset = make_model(), make_rows(samples, seed=samples)
     reference = reference_steps(model, dataset, micro_batch * n)
@@ -157,7 +204,54 @@ def test_token_level_update_equals_full_batch_step(tmp_path, family, samples, mi
     assert_matches_reference(ours, reference, flat_parameters(model))
 
 
-@pytest.mark.parametrize("family", FAMILIES, ids=FAMILIES.keys())
+@pytest.mark.parametrize("budget", [24, 64], ids=["budget-24", "budget-64"])
+def test_multi_label_packed_pieces_equal_full_batch_step(tmp_path, budget):
+    """Packed rows (padding_free) read each review's tags as padded batches do: the same update."""
+    model, dataset = tag_classifier(), review_tag_rows(13, seed=13)
+    reference = reference_steps(model, dataset, 8)
+    ours = trained(ReviewTrainer, model, dataset, tmp_path, 4, 2, micro_batch_tokens=budget, padding_free=True)
+    assert_matches_reference(ours, reference, flat_parameters(model))
+
+
+def test_the_check_has_teeth_multi_label_pieces_weighted_alike_fail(tmp_path, monkeypatch):
+    """Weighting each piece 1/pieces (not by its reviews) is caught on the multi-label loss too."""
+    model, dataset = tag_classifier(), review_tag_rows(13, seed=13)
+    reference = reference_steps(model, dataset, 8)
+    monkeypatch.setattr(ReviewTrainer, "_loss_items", lambda self, inputs: 1.0)
+    ours = trained(ReviewTrainer, model, dataset, tmp_path, 4, 2, micro_batch_tokens=24)
+    with pytest.raises(AssertionError, match="relative"):
+        assert_matches_reference(ours, reference, flat_parameters(model))
+
+
+def by_hand_positive_weights(rows: list[list[float]]) -> torch.Tensor:
+    """Each tag's negatives over its positives, counted here, independently of the package."""
+    columns = list(zip(*rows))
+    return torch.tensor([(len(column) - sum(column)) / sum(column) for column in columns])
+
+
+@pytest.mark.parametrize(("micro_batch", "n", "budget"), [(3, 2, None), (3, 3, None), (4, 2, 30)])
+def test_multi_label_class_weighting_is_per_tag_pos_weight_and_exact(tmp_path, micro_batch, n, budget):
+    model, dataset = tag_classifier(), review_tag_rows(14, seed=7)
+    pos_weight = by_hand_positive_weights(dataset["labels"])
+    reference = reference_steps(model, dataset, micro_batch * n, pos_weight=pos_weight)
+    ours = trained(
+        ReviewTrainer, model, dataset, tmp_path, micro_batch, n, micro_batch_tokens=budget, class_weighting="balanced"
+    )
+    assert_matches_reference(ours, reference, flat_parameters(model))
+
+
+def test_multi_label_weights_refuse_a_tag_on_no_review(tmp_path):
+    dataset = review_tag_rows(6, seed=1).map(lambda row: {"labels": [row["labels"][0], row["labels"][1], 0.0]})
+    with pytest.raises(FinetuneError, match=r"tag ids \[2\] are on none.*set class_weighting: none"):
+        ReviewTrainer(
+            model=tag_classifier(),
+            args=sgd_args(tmp_path, 2, 1, class_weighting="balanced"),
+            train_dataset=dataset,
+            data_collator=pad_rows,
+        )
+
+
+@pytest.mark.parametrize("family", ["causal-lm", "token-classifier"])
 def test_the_check_has_teeth_micro_batches_weighted_by_rows_fail(tmp_path, monkeypatch, family):
     """The old rule, a micro-batch weighted by its rows, is caught on a token-level loss."""
     make_model, make_rows = FAMILIES[family]

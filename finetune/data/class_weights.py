@@ -45,6 +45,41 @@ def class_weights_for(strategy: str, labels: Sequence[int], num_classes: int) ->
     return [weight**0.5 for weight in weights] if strategy == "sqrt" else weights
 
 
+def positive_weights_for(strategy: str, label_rows: Sequence[Sequence[float]], num_labels: int) -> list[float] | None:
+    """Per-tag ``pos_weight`` for several tags per review, as ``class_weighting: strategy`` asks, or None for ``none``.
+
+    Each tag is a yes/no question of its own, so ``balanced`` weighs a tag's
+    positive reviews by its negatives over its positives (``pos_weight`` of
+    ``torch.nn.BCEWithLogitsLoss``): a tag on one review in ten counts its
+    positives 9x, so that both answers weigh alike. ``sqrt`` is its square root.
+    """
+    if strategy == "none":
+        return None
+    if strategy not in CLASS_WEIGHTINGS:
+        raise FinetuneError(f"class_weighting must be one of {', '.join(CLASS_WEIGHTINGS)} (got {strategy!r})")
+    rows = np.asarray(label_rows, dtype=np.float64).reshape(-1, num_labels)
+    positives = (rows > 0.5).sum(axis=0)
+    missing = [index for index in range(num_labels) if positives[index] == 0]
+    if missing:
+        raise FinetuneError(
+            f"class weighting needs training reviews with every tag; tag ids {missing} are on none. "
+            "Add such reviews or set class_weighting: none"
+        )
+    weights = (len(rows) - positives) / positives
+    return [float(weight**0.5) if strategy == "sqrt" else float(weight) for weight in weights]
+
+
+def training_label_rows(dataset: Any) -> list[list[float]]:
+    """Every training example's tags as a row of 0s and 1s (several tags per review), for per-tag weights."""
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or "labels" not in columns:
+        raise FinetuneError(
+            "class weighting counts each tag's training reviews, and this training set has no 'labels' column "
+            "of tag rows; pass class_weights=[...] to ReviewTrainer or set class_weighting: none"
+        )
+    return [list(row) for row in column_values(dataset, "labels")]
+
+
 def training_labels(dataset: Any) -> list[int]:
     """The class id of every training example, for class weights.
 

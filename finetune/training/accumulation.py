@@ -43,7 +43,10 @@ def epochs_to_run(total: int, updates_in_epoch: int) -> int:
 
 
 def loss_items(
-    inputs: Mapping[str, Any], shifts_labels: bool = False, class_weights: torch.Tensor | None = None
+    inputs: Mapping[str, Any],
+    shifts_labels: bool = False,
+    class_weights: torch.Tensor | None = None,
+    tags_per_review: bool = False,
 ) -> float | torch.Tensor:
     """What a micro-batch's loss averages over, counted: the unit in which a window's loss is shared out.
 
@@ -54,8 +57,9 @@ def loss_items(
       token: ``labels[..., 1:]``, or the batch's own ``shift_labels``.
       With ``class_weights`` (one per class) the labels' summed weights, which
       is what a class-weighted cross-entropy divides by.
-    - **Float labels** (several tags per review, a rating): one per review,
-      since such a loss is a mean per review.
+    - **Float labels** (a rating), or rows of tags (``tags_per_review``,
+      several tags per review, whatever their dtype): one per review, since
+      such a loss is a mean per review.
     - **No labels**: one per row of the batch's first tensor.
 
     These are the counts stock ``Trainer`` passes as ``num_items_in_batch``
@@ -72,7 +76,7 @@ def loss_items(
     if labels is None:
         first = next(value for value in inputs.values() if isinstance(value, torch.Tensor))
         return float(first.shape[0])
-    if labels.is_floating_point():
+    if labels.is_floating_point() or tags_per_review:
         return float(labels.shape[0])
     counted = labels != IGNORED_LABEL
     if class_weights is None:

@@ -72,7 +72,13 @@ from transformers.training_args import OptimizerNames
 from transformers.utils import logging
 
 from ..config.arguments import validate_accumulation_steps
-from ..data.class_weights import class_weights_for, training_labels, validate_class_weights
+from ..data.class_weights import (
+    class_weights_for,
+    positive_weights_for,
+    training_label_rows,
+    training_labels,
+    validate_class_weights,
+)
 from ..data.collation import faster_collator
 from ..data.columns import column_values, token_counts
 from ..errors import FinetuneError
@@ -116,7 +122,10 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
     ``class_weights`` (one per class), or ``class_weighting: balanced`` (or
     ``sqrt``) in the arguments, turns the loss into a class-weighted cross-entropy: each
     review's loss counts with its class's weight, and the window's loss is the
-    weighted mean over all its reviews, as for one full batch.
+    weighted mean over all its reviews, as for one full batch. A model with
+    ``problem_type="multi_label_classification"`` (several tags per review) is
+    trained with binary cross-entropy per tag, and the weights are each tag's
+    ``pos_weight`` (``balanced``: its negatives over its positives).
 
     On N processes (DDP through ``torchrun`` or ``accelerate launch``) with
     micro-batch b it makes the same updates as one process with N x b;
@@ -138,11 +147,17 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self.nonfinite_in_a_row = 0
         # Wall-clock seconds train() spent evaluating and saving checkpoints (finetune train's breakdown).
         self.seconds_in = {"evaluation": 0.0, "checkpoint_saves": 0.0}
+        # Several tags per review: a sigmoid and binary cross-entropy per tag, and class weights are per-tag
+        # pos_weight (transformers' own problem_type, so the saved folder loads and scores as stock).
+        self.multi_label = getattr(self.model.config, "problem_type", None) == "multi_label_classification"
         strategy = getattr(self.args, "class_weighting", "none")
         if class_weights is None and strategy != "none":
             # Only then is the train split read: an evaluation-only or iterable dataset has no labels column.
-            labels = training_labels(self.train_dataset)
-            class_weights = class_weights_for(strategy, labels, self.model.config.num_labels)
+            num_labels = self.model.config.num_labels
+            if self.multi_label:
+                class_weights = positive_weights_for(strategy, training_label_rows(self.train_dataset), num_labels)
+            else:
+                class_weights = class_weights_for(strategy, training_labels(self.train_dataset), num_labels)
         if class_weights is not None:
             class_weights = validate_class_weights(class_weights, self.model.config.num_labels)
         self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
@@ -737,7 +752,10 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def _mean_loss(self, model: nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
-        """The micro-batch's mean loss and the model's outputs: Trainer's, or with class weights a weighted mean."""
+        """The micro-batch's mean loss and the model's outputs: Trainer's, or with class weights a weighted mean.
+
+        With several tags per review the weights are each tag's ``pos_weight`` in binary cross-entropy.
+        """
         if self.class_weights is None or "labels" not in inputs:
             # No num_items_in_batch for Trainer: it would pass it to the model, whose loss may ignore it
             # (BERT classifiers'), and multiply the loss by the number of processes.
@@ -746,6 +764,12 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         labels = inputs.pop("labels")
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        if self.multi_label:
+            # Each review's mean over its tags, then the mean over reviews: a review counts once (see loss_items).
+            loss = nn.functional.binary_cross_entropy_with_logits(
+                logits.float(), labels.float(), pos_weight=self._class_weights_on(logits.device)
+            )
+            return loss, outputs
         # cross_entropy with weight= divides by the summed weights of the batch's labels,
         # which is what makes micro-batches add up to the full window (see loss_items).
         loss = nn.functional.cross_entropy(
@@ -934,7 +958,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         labels = inputs.get("labels")
         weighted = self.class_weights is not None and labels is not None
         class_weights = self._class_weights_on(labels.device) if weighted else None
-        return loss_items(inputs, getattr(self, "_loss_shifts_labels", False), class_weights)
+        shifts_labels = getattr(self, "_loss_shifts_labels", False)
+        return loss_items(inputs, shifts_labels, class_weights, tags_per_review=self.multi_label)
 
     def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device) -> float | torch.Tensor | None:
         """The items of the batches in ``batch_samples`` on this process (``loss_items``), or None without labels.
