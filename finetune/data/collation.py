@@ -36,8 +36,8 @@ class PaddingCollator(DataCollatorWithPadding):
         batch = self._pad_fast(features)
         return super().__call__(features) if batch is None else batch
 
-    def _pad_fast(self, features: Sequence[Mapping[str, Any]]) -> BatchEncoding | None:
-        """The batch, or None where transformers' own padding must decide (anything but plain lists of ints)."""
+    def _pads_like_transformers(self, features: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether these settings and features are ones whose padded batch is certain to be transformers' own."""
         tokenizer = self.tokenizer
         # PaddingStrategy is a str: "longest" matches it; any other value (a typo too) is transformers' to judge.
         longest = self.padding is True or self.padding == PaddingStrategy.LONGEST
@@ -49,12 +49,17 @@ class PaddingCollator(DataCollatorWithPadding):
             or tokenizer.padding_side not in ("left", "right")
             or tokenizer.pad_token_id is None
         ):
+            return False
+        return "input_ids" in features[0] and all(
+            isinstance(feature, Mapping) and feature.keys() == features[0].keys() for feature in features
+        )
+
+    def _pad_fast(self, features: Sequence[Mapping[str, Any]]) -> BatchEncoding | None:
+        """The batch, or None where transformers' own padding must decide (anything but plain lists of ints)."""
+        tokenizer = self.tokenizer
+        if not self._pads_like_transformers(features):
             return None
         keys = list(features[0].keys())
-        if "input_ids" not in keys or any(
-            not isinstance(feature, Mapping) or feature.keys() != features[0].keys() for feature in features
-        ):
-            return None
         lengths = np.array([_length(feature["input_ids"]) for feature in features], dtype=np.int64)
         if lengths.min() < 0:
             return None

@@ -230,6 +230,33 @@ def _truncation_side(tokenizer: PreTrainedTokenizerBase) -> str:
     return "left" if tokenizer.truncation_side == "left" else "right"
 
 
+def _batch_attributions(
+    explainer: Any, batch: Any, target: torch.Tensor, device: torch.device, pad_id: int, n_steps: int
+) -> tuple[torch.Tensor, np.ndarray]:
+    """One tokenized batch's word-piece mask and each token's attribution to ``target`` (summed over the embedding)."""
+    from captum.attr import LayerIntegratedGradients
+
+    input_ids = batch["input_ids"].to(device)
+    attention_mask = batch["attention_mask"].to(device)
+    # The baseline keeps [CLS] and [SEP] (and padding) and blanks every word piece to [PAD].
+    is_piece = (batch["special_tokens_mask"] == 0).to(device) & (attention_mask == 1)
+    # Gradients even when the caller runs under inference_mode or no_grad (a server answering requests).
+    with torch.inference_mode(False), torch.enable_grad():
+        if isinstance(explainer, LayerIntegratedGradients):
+            attributions = explainer.attribute(
+                inputs=input_ids,
+                baselines=torch.where(is_piece, torch.full_like(input_ids, pad_id), input_ids),
+                additional_forward_args=(attention_mask,),
+                target=target,
+                n_steps=n_steps,
+                # One step of every review in the batch per pass: memory of one batch_size batch.
+                internal_batch_size=len(input_ids),
+            )
+        else:
+            attributions = explainer.attribute(input_ids, additional_forward_args=(attention_mask,), target=target)
+    return is_piece, attributions.sum(dim=-1).detach().float().cpu().numpy()
+
+
 def _word_piece_scores(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
@@ -269,27 +296,9 @@ def _word_piece_scores(
             return_special_tokens_mask=True,
             return_tensors="pt",
         )
-        input_ids = batch["input_ids"].to(device)
-        attention_mask = batch["attention_mask"].to(device)
-        # The baseline keeps [CLS] and [SEP] (and padding) and blanks every word piece to [PAD].
-        is_piece = (batch["special_tokens_mask"] == 0).to(device) & (attention_mask == 1)
-        baseline = torch.where(is_piece, torch.full_like(input_ids, pad_id), input_ids)
+        explainer = integrated if method == "integrated_gradients" else local
         target = torch.as_tensor(predicted[chosen], device=device)
-        # Gradients even when the caller runs under inference_mode or no_grad (a server answering requests).
-        with torch.inference_mode(False), torch.enable_grad():
-            if method == "integrated_gradients":
-                attributions = integrated.attribute(
-                    inputs=input_ids,
-                    baselines=baseline,
-                    additional_forward_args=(attention_mask,),
-                    target=target,
-                    n_steps=n_steps,
-                    # One step of every review in the batch per pass: memory of one batch_size batch.
-                    internal_batch_size=len(chosen),
-                )
-            else:
-                attributions = local.attribute(input_ids, additional_forward_args=(attention_mask,), target=target)
-        piece_scores = attributions.sum(dim=-1).detach().float().cpu().numpy()
+        is_piece, piece_scores = _batch_attributions(explainer, batch, target, device, pad_id, n_steps)
         for row, index in enumerate(chosen):
             kept = is_piece[row].cpu().numpy()
             offsets = [tuple(pair) for pair in batch["offset_mapping"][row][kept].tolist()]

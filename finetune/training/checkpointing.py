@@ -78,19 +78,9 @@ def check_resume(checkpoint: str | Path, args: Any, changed_data: Sequence[str] 
     refusals into the returned warnings; a missing or damaged checkpoint is always refused.
     """
     folder = Path(checkpoint)
-    earlier = "resume from an earlier checkpoint, or drop --resume_from_checkpoint"
     if not folder.is_dir():
         raise FinetuneError(f"checkpoint not found: {checkpoint}; pass a checkpoint-* folder of the run, or auto")
-    require_safe_weights(folder, getattr(args, "allow_pickle_checkpoints", False))
-    if not any((folder / name).is_file() for name in (*SAFE_WEIGHTS, *PICKLED_WEIGHTS)):
-        raise FinetuneError(f"{folder} holds no model weights, so it is no checkpoint to resume; {earlier}")
-    require_readable_safetensors(folder)
-    state = _read_json(folder / "trainer_state.json", earlier)
-    for path in folder.glob("*.pt*"):
-        # torch.save writes a zip archive; one cut short has no central directory at its end.
-        if path.suffix in (".pt", ".pth") and not zipfile.is_zipfile(path):
-            raise FinetuneError(f"{path} is damaged or cut short; {earlier}")
-
+    state = _readable_checkpoint_state(folder, args)
     saved = {**_saved_settings(folder, state, getattr(args, "n_gpu", 0)), **_read_marker(folder)}
     current = {name: getattr(args, name) for name in EXACT_RESUME_SETTINGS}
     changes = [
@@ -111,24 +101,44 @@ def check_resume(checkpoint: str | Path, args: Any, changed_data: Sequence[str] 
     if changed_data:
         problems.append(f"the data files changed since the run began ({', '.join(changed_data)})")
     if problems and not getattr(args, "allow_inexact_resume", False):
-        fixes = []
-        if missing or changes:
-            fixes.append(
-                "resume with the settings it was saved with"
-                if changes and not missing
-                else "resume from a checkpoint saved without save_only_model"
-                if missing and not changes
-                else "resume from a full checkpoint with the settings it was saved with"
-            )
-        if changed_data:
-            fixes.append("resume with the data it was trained on, train afresh with --overwrite_output_dir")
-        fix = "; ".join(fixes)
+        fix = _exact_resume_fix(missing, changes, bool(changed_data))
         raise FinetuneError(
             f"resuming {folder} cannot equal an uninterrupted run: {'; '.join(problems)}; "
             f"{fix}, or pass --allow_inexact_resume to go on anyway"
         )
     consequences = _what_changes(missing, changes, bool(changed_data))
     return [f"resuming {folder} inexactly: {'; '.join(problems)}{consequences}"] if problems else []
+
+
+def _readable_checkpoint_state(folder: Path, args: Any) -> dict[str, Any]:
+    """The checkpoint's ``trainer_state.json``, once its weights and saved states are found whole."""
+    earlier = "resume from an earlier checkpoint, or drop --resume_from_checkpoint"
+    require_safe_weights(folder, getattr(args, "allow_pickle_checkpoints", False))
+    if not any((folder / name).is_file() for name in (*SAFE_WEIGHTS, *PICKLED_WEIGHTS)):
+        raise FinetuneError(f"{folder} holds no model weights, so it is no checkpoint to resume; {earlier}")
+    require_readable_safetensors(folder)
+    state = _read_json(folder / "trainer_state.json", earlier)
+    for path in folder.glob("*.pt*"):
+        # torch.save writes a zip archive; one cut short has no central directory at its end.
+        if path.suffix in (".pt", ".pth") and not zipfile.is_zipfile(path):
+            raise FinetuneError(f"{path} is damaged or cut short; {earlier}")
+    return state
+
+
+def _exact_resume_fix(missing: list[str], changes: list[str], changed_data: bool) -> str:
+    """How to resume exactly, given what the checkpoint lacks and what this run changes."""
+    fixes = []
+    if missing or changes:
+        fixes.append(
+            "resume with the settings it was saved with"
+            if changes and not missing
+            else "resume from a checkpoint saved without save_only_model"
+            if missing and not changes
+            else "resume from a full checkpoint with the settings it was saved with"
+        )
+    if changed_data:
+        fixes.append("resume with the data it was trained on, train afresh with --overwrite_output_dir")
+    return "; ".join(fixes)
 
 
 def _what_changes(missing: list[str], changes: list[str], changed_data: bool) -> str:

@@ -355,31 +355,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         if args.auto_find_batch_size:
             self._update_auto_batch_size(batch_size)
         train_dataloader = self.get_train_dataloader()
-
-        accumulation_steps = args.gradient_accumulation_steps
-        if has_length(train_dataloader):
-            # Global micro-batches: a rank left without a share of the last one still takes that step.
-            micro_batches_per_epoch = self._max_over_processes(len(train_dataloader))
-            if micro_batches_per_epoch == 0:
-                raise ValueError("the training set gives no batches; give it at least one review")
-            updates_in_epoch = updates_per_epoch(micro_batches_per_epoch, accumulation_steps)
-            if accumulation_steps > micro_batches_per_epoch and args.should_log:
-                warnings.warn(
-                    f"gradient_accumulation_steps={accumulation_steps} is more than the {micro_batches_per_epoch} "
-                    "micro-batches in an epoch: each epoch makes a single update from all of them",
-                    UserWarning,
-                    stacklevel=2,
-                )
-            max_steps = total_updates(
-                micro_batches_per_epoch, accumulation_steps, args.num_train_epochs, args.max_steps
-            )
-            num_epochs = epochs_to_run(max_steps, updates_in_epoch)
-        else:
-            # An IterableDataset: its length is unknown, so max_steps (which Trainer requires for one)
-            # counts the run's updates, and an epoch is one pass, however many updates it holds.
-            micro_batches_per_epoch = None
-            max_steps = updates_in_epoch = args.max_steps
-            num_epochs = sys.maxsize
+        micro_batches_per_epoch, updates_in_epoch, max_steps, num_epochs = self._count_updates(args, train_dataloader)
 
         # Trainer's own helpers build the state, the optimizer and a scheduler
         # sized in updates (warmup included), and prepare everything with Accelerate.
@@ -393,17 +369,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 f"  Resuming training from checkpoint with epoch {epochs_trained} and global step "
                 f"{self.state.global_step}; skipping {micro_batches_done} micro-batches of that epoch"
             )
-
-        # Packed rows need attention per review, and MPNet's attention goes through SDPA, both installed
-        # for this run only (the saved model stays stock).
-        unwrapped = self.accelerator.unwrap_model(model)
-        packed_reading = PackedReading(unwrapped) if self.padding_free else None
-        if self.padding_free:
-            self._attention_group_scores = attention_group_limit(unwrapped, self.args.device)
-        fused = FusedMPNetAttention(unwrapped) if self.fused_attention else None
-        # Padded micro-batches masked without transformers' host read (packed rows have their own attention).
-        unread_masks = None if self.padding_free else MaskWithoutReads(unwrapped)
-        try:
+        with self._training_readings(model):
             return self._run_accumulation_loop(
                 model=model,
                 train_dataloader=train_dataloader,
@@ -415,6 +381,48 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
                 trial=trial,
                 ignore_keys_for_eval=ignore_keys_for_eval,
             )
+
+    def _count_updates(self, args: Any, train_dataloader: Any) -> tuple[int | None, int, int, int]:
+        """``(micro_batches_per_epoch, updates_in_epoch, max_steps, num_epochs)`` of the run, in updates.
+
+        ``micro_batches_per_epoch`` is None for an ``IterableDataset``, whose
+        length is unknown: ``max_steps`` (which Trainer requires for one) then
+        counts the run's updates, and an epoch is one pass, however many
+        updates it holds.
+        """
+        accumulation_steps = args.gradient_accumulation_steps
+        if not has_length(train_dataloader):
+            return None, args.max_steps, args.max_steps, sys.maxsize
+        # Global micro-batches: a rank left without a share of the last one still takes that step.
+        micro_batches_per_epoch = self._max_over_processes(len(train_dataloader))
+        if micro_batches_per_epoch == 0:
+            raise ValueError("the training set gives no batches; give it at least one review")
+        updates_in_epoch = updates_per_epoch(micro_batches_per_epoch, accumulation_steps)
+        if accumulation_steps > micro_batches_per_epoch and args.should_log:
+            warnings.warn(
+                f"gradient_accumulation_steps={accumulation_steps} is more than the {micro_batches_per_epoch} "
+                "micro-batches in an epoch: each epoch makes a single update from all of them",
+                UserWarning,
+                stacklevel=3,
+            )
+        max_steps = total_updates(micro_batches_per_epoch, accumulation_steps, args.num_train_epochs, args.max_steps)
+        return micro_batches_per_epoch, updates_in_epoch, max_steps, epochs_to_run(max_steps, updates_in_epoch)
+
+    @contextlib.contextmanager
+    def _training_readings(self, model: nn.Module) -> Iterator[None]:
+        """The run's cheaper readings of the model, installed for training only (the saved model stays stock).
+
+        Packed rows need attention per review, MPNet's attention goes through
+        SDPA, and padded micro-batches are masked without transformers' host read.
+        """
+        unwrapped = self.accelerator.unwrap_model(model)
+        packed_reading = PackedReading(unwrapped) if self.padding_free else None
+        if self.padding_free:
+            self._attention_group_scores = attention_group_limit(unwrapped, self.args.device)
+        fused = FusedMPNetAttention(unwrapped) if self.fused_attention else None
+        unread_masks = None if self.padding_free else MaskWithoutReads(unwrapped)  # packed rows have their own
+        try:
+            yield
         finally:
             for installed in (packed_reading, fused, unread_masks):
                 if installed is not None:
