@@ -270,6 +270,27 @@ class DataArguments:
             self.class_names = list(self.label_bins)
         elif self.class_names:  # an empty list, like none, means "take the classes from the data"
             validate_class_names(self.class_names)
+        self._check_lengths()
+        self._check_splits()
+        validate_seed("split_seed", self.split_seed)
+        if self.max_unlabeled is not None and self.max_unlabeled < 1:
+            raise FinetuneError(
+                f"max_unlabeled must be >= 1 (got {self.max_unlabeled}); e.g. --max_unlabeled 5000, or drop it for all"
+            )
+        if self.max_unlabeled is not None and not self.unlabeled_from:
+            raise FinetuneError("max_unlabeled caps unlabeled_from's reviews, and no unlabeled_from is set; set both")
+        if self.title_as_review and not self.title_column:
+            raise FinetuneError(
+                "title_as_review trains on each review's title, and no title_column is set; set title_column, "
+                "or drop title_as_review"
+            )
+        for name in ("max_train_samples", "max_eval_samples", "max_test_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise FinetuneError(f"{name} must be >= 1 (got {value}); drop it to use every review")
+
+    def _check_lengths(self) -> None:
+        """``max_length`` and the token counts measured within it (head tokens, a sliding window's stride)."""
         if self.max_length < 3:
             raise FinetuneError(f"max_length must be >= 3 (got {self.max_length}); try --max_length 256")
         room = self.max_length - 2  # [CLS] and [SEP]
@@ -283,6 +304,9 @@ class DataArguments:
                 f"window_stride must be >= 0 and below max_length - 2 = {room} (got {self.window_stride}); "
                 f"try --window_stride {room // 4}"
             )
+
+    def _check_splits(self) -> None:
+        """The held-out percentages and the cross-validation fold, each within its range."""
         for name in ("validation_split_percentage", "test_split_percentage"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < 100:
@@ -300,22 +324,6 @@ class DataArguments:
                 raise FinetuneError(
                     f"cross_validation_fold must be between 0 and {folds - 1} (got {fold}) for {folds} folds"
                 )
-        validate_seed("split_seed", self.split_seed)
-        if self.max_unlabeled is not None and self.max_unlabeled < 1:
-            raise FinetuneError(
-                f"max_unlabeled must be >= 1 (got {self.max_unlabeled}); e.g. --max_unlabeled 5000, or drop it for all"
-            )
-        if self.max_unlabeled is not None and not self.unlabeled_from:
-            raise FinetuneError("max_unlabeled caps unlabeled_from's reviews, and no unlabeled_from is set; set both")
-        if self.title_as_review and not self.title_column:
-            raise FinetuneError(
-                "title_as_review trains on each review's title, and no title_column is set; set title_column, "
-                "or drop title_as_review"
-            )
-        for name in ("max_train_samples", "max_eval_samples", "max_test_samples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise FinetuneError(f"{name} must be >= 1 (got {value}); drop it to use every review")
 
 
 @dataclass
@@ -516,6 +524,28 @@ class FinetuneTrainingArguments(TrainingArguments):
                 raise FinetuneError(f"{name} must be >= 1 (got {value}); set it in the recipe or pass --{name} 8")
         if self.output_dir is not None and not str(self.output_dir).strip():
             raise FinetuneError("output_dir is empty; set output_dir in the recipe or pass --output_dir runs/NAME")
+        self._check_optimizer_numbers()
+        _check_best_model_strategies(self.load_best_model_at_end, self.eval_strategy, self.save_strategy)
+        # Before the parent's __post_init__, which sets up the device and with it whether the launch is distributed.
+        self.use_cpu = cpu_for_launch(self.use_cpu)
+        # Before the parent's, which warns of torchdynamo's speedups when compiling on a CPU: the error comes alone.
+        check_compile_mode(self)
+        compiling = self.torch_compile or self.torch_compile_backend is not None or self.torch_compile_mode is not None
+        if self.padding_free and compiling:
+            # Each packed row has its own attention layout (groups of reviews of like length): compiled,
+            # it made a new graph nearly every update (74 graphs in 12 updates of the tiny recipe).
+            raise FinetuneError(
+                "torch_compile cannot compile packed rows (a new graph for nearly every update); with "
+                "torch_compile set padding_free: false and keep micro_batch_tokens, whose padded pieces compile once"
+            )
+        super().__post_init__()
+        check_launch_agrees(self.world_size, self.use_cpu)
+        # After the parent's, which turns report_to into a list.
+        check_stock_values(self)
+        self._check_finetune_fields()
+
+    def _check_optimizer_numbers(self) -> None:
+        """The learning rates, Adam's epsilon, decay, clipping, smoothing, seeds and the run's length."""
         # 0 is allowed: the weights stay put, which measurements use.
         _check_at_least_zero("learning_rate", self.learning_rate, "5e-5")
         if self.head_learning_rate is not None:
@@ -543,23 +573,9 @@ class FinetuneTrainingArguments(TrainingArguments):
                 f"num_train_epochs must be > 0 (got {self.num_train_epochs}); pass --num_train_epochs 3, "
                 "or --max_steps N to count updates instead"
             )
-        _check_best_model_strategies(self.load_best_model_at_end, self.eval_strategy, self.save_strategy)
-        # Before the parent's __post_init__, which sets up the device and with it whether the launch is distributed.
-        self.use_cpu = cpu_for_launch(self.use_cpu)
-        # Before the parent's, which warns of torchdynamo's speedups when compiling on a CPU: the error comes alone.
-        check_compile_mode(self)
-        compiling = self.torch_compile or self.torch_compile_backend is not None or self.torch_compile_mode is not None
-        if self.padding_free and compiling:
-            # Each packed row has its own attention layout (groups of reviews of like length): compiled,
-            # it made a new graph nearly every update (74 graphs in 12 updates of the tiny recipe).
-            raise FinetuneError(
-                "torch_compile cannot compile packed rows (a new graph for nearly every update); with "
-                "torch_compile set padding_free: false and keep micro_batch_tokens, whose padded pieces compile once"
-            )
-        super().__post_init__()
-        check_launch_agrees(self.world_size, self.use_cpu)
-        # After the parent's, which turns report_to into a list.
-        check_stock_values(self)
+
+    def _check_finetune_fields(self) -> None:
+        """This package's own fields: distillation, layer-wise rates, token budgets, freezing, early stopping."""
         if not (math.isfinite(self.distill_alpha) and 0.0 <= self.distill_alpha <= 1.0):
             raise FinetuneError(f"distill_alpha must be in [0, 1] (got {self.distill_alpha}); try 0.5")
         _check_positive("distill_temperature", self.distill_temperature, "2.0")
@@ -679,64 +695,10 @@ def parse_label_bins(value: dict | str | None) -> dict[str, list[float]] | None:
     if value is None or value == {}:
         return None
     if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("{"):
-            try:
-                pairs = json.loads(text, object_pairs_hook=list)
-            except json.JSONDecodeError as error:
-                raise FinetuneError(f"label_bins is not valid JSON ({error.msg}); write e.g. 'negative=1-2,neutral=3'")
-            if not isinstance(pairs, list):
-                raise FinetuneError(
-                    "label_bins must map class names to rating ranges, e.g. {negative: [1, 2], neutral: [3]}"
-                )
-        else:
-            pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
-            if not pairs or any(len(pair) != 2 for pair in pairs):
-                raise FinetuneError(
-                    f"label_bins {value!r} is not 'name=low-high,...'; write e.g. 'negative=1-2,neutral=3'"
-                )
-            pairs = [(name.strip(), spec.strip() if isinstance(spec, str) else spec) for name, spec in pairs]
-        # A dict would keep the last of two entries for one class, and the first one's ratings would be
-        # dropped as outside every bin.
-        names = [str(name) for name, _ in pairs]
-        twice = sorted({name for name in names if names.count(name) > 1})
-        if twice:
-            raise FinetuneError(
-                f"label_bins names {', '.join(repr(name) for name in twice)} twice; give each class one range, "
-                "e.g. positive=4-5"
-            )
-        value = dict(pairs)
+        value = _label_bin_pairs(value)
     if not isinstance(value, dict):
         raise FinetuneError("label_bins must map class names to rating ranges, e.g. {negative: [1, 2], neutral: [3]}")
-
-    bins: dict[str, list[float]] = {}
-    for name, spec in value.items():
-        if isinstance(spec, (int, float)) and not isinstance(spec, bool):
-            ratings = [float(spec)]
-            bounds = [float(spec), float(spec)]
-        elif isinstance(spec, list) and spec and all(isinstance(x, (int, float)) for x in spec):
-            ratings = [float(x) for x in spec]
-            bounds = [min(ratings), max(ratings)]
-        elif isinstance(spec, str) and (match := _BIN_RANGE.match(spec)):
-            low = float(match.group(1))
-            bounds = [low, float(match.group(2)) if match.group(2) else low]
-            ratings = bounds
-            if bounds[0] > bounds[1]:
-                raise FinetuneError(
-                    f"label_bins entry {name!r}: {spec!r} is backwards; write the low end first, "
-                    f"e.g. {name}={match.group(2)}-{match.group(1)}"
-                )
-        else:
-            raise FinetuneError(f"label_bins entry {name!r}: {spec!r} is not a rating or range like 1-2")
-        # NaN compares false with everything: a NaN bound matches no rating (min/max even drop it from
-        # [2, .nan]), so the class would only fail later, as having no review. An infinite bound is an
-        # open end ([4, .inf]) and stays allowed.
-        if any(math.isnan(rating) for rating in ratings):
-            raise FinetuneError(
-                f"label_bins entry {name!r}: {spec!r} has a bound that is not a number (NaN); "
-                "give ratings such as [1, 2] or 1-2"
-            )
-        bins[str(name)] = bounds
+    bins = {str(name): _label_bin_bounds(name, spec) for name, spec in value.items()}
     if len(bins) < 2:
         named = f"only the class {next(iter(bins))!r}" if bins else "no class"
         raise FinetuneError(
@@ -748,6 +710,65 @@ def parse_label_bins(value: dict | str | None) -> dict[str, list[float]] | None:
         if next_low <= high:
             raise FinetuneError("label_bins ranges overlap; give each rating to exactly one class")
     return bins
+
+
+def _label_bin_pairs(value: str) -> dict[str, Any]:
+    """``label_bins`` written as text (``'negative=1-2,...'`` or JSON) as a mapping of class name to range."""
+    text = value.strip()
+    if text.startswith("{"):
+        try:
+            pairs = json.loads(text, object_pairs_hook=list)
+        except json.JSONDecodeError as error:
+            raise FinetuneError(f"label_bins is not valid JSON ({error.msg}); write e.g. 'negative=1-2,neutral=3'")
+        if not isinstance(pairs, list):
+            raise FinetuneError(
+                "label_bins must map class names to rating ranges, e.g. {negative: [1, 2], neutral: [3]}"
+            )
+    else:
+        pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+        if not pairs or any(len(pair) != 2 for pair in pairs):
+            raise FinetuneError(f"label_bins {value!r} is not 'name=low-high,...'; write e.g. 'negative=1-2,neutral=3'")
+        pairs = [(name.strip(), spec.strip() if isinstance(spec, str) else spec) for name, spec in pairs]
+    # A dict would keep the last of two entries for one class, and the first one's ratings would be
+    # dropped as outside every bin.
+    names = [str(name) for name, _ in pairs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise FinetuneError(
+            f"label_bins names {', '.join(repr(name) for name in twice)} twice; give each class one range, "
+            "e.g. positive=4-5"
+        )
+    return dict(pairs)
+
+
+def _label_bin_bounds(name: object, spec: object) -> list[float]:
+    """One ``label_bins`` entry's ``[low, high]``, from a rating, a list of ratings or a ``'low-high'`` range."""
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        ratings = [float(spec)]
+        bounds = [float(spec), float(spec)]
+    elif isinstance(spec, list) and spec and all(isinstance(x, (int, float)) for x in spec):
+        ratings = [float(x) for x in spec]
+        bounds = [min(ratings), max(ratings)]
+    elif isinstance(spec, str) and (match := _BIN_RANGE.match(spec)):
+        low = float(match.group(1))
+        bounds = [low, float(match.group(2)) if match.group(2) else low]
+        ratings = bounds
+        if bounds[0] > bounds[1]:
+            raise FinetuneError(
+                f"label_bins entry {name!r}: {spec!r} is backwards; write the low end first, "
+                f"e.g. {name}={match.group(2)}-{match.group(1)}"
+            )
+    else:
+        raise FinetuneError(f"label_bins entry {name!r}: {spec!r} is not a rating or range like 1-2")
+    # NaN compares false with everything: a NaN bound matches no rating (min/max even drop it from
+    # [2, .nan]), so the class would only fail later, as having no review. An infinite bound is an
+    # open end ([4, .inf]) and stays allowed.
+    if any(math.isnan(rating) for rating in ratings):
+        raise FinetuneError(
+            f"label_bins entry {name!r}: {spec!r} has a bound that is not a number (NaN); "
+            "give ratings such as [1, 2] or 1-2"
+        )
+    return bounds
 
 
 def _check_best_model_strategies(load_best: bool, eval_strategy: Any, save_strategy: Any) -> None:
