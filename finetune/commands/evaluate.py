@@ -340,8 +340,10 @@ def write_pictures_and_table(
         f"{Path(best['model']).name} on {scored_on}: {best['num_samples']} reviews, "
         f"accuracy {best['accuracy']:.3f}, macro-F1 {best['macro_f1']:.3f}"
     )
-    plot_confusion_matrix(confusion, best["confusion_matrix"], label_names, title)
-    written = [table, confusion]
+    written = [table]
+    if best.get("confusion_matrix") is not None:  # None past CONFUSION_MATRIX_MAX_CLASSES classes
+        plot_confusion_matrix(confusion, best["confusion_matrix"], label_names, title)
+        written.append(confusion)
     if all("intervals" in report for report in reports):
         scores = folder / f"scores_{scored_on}.png"
         # A run's checkpoints: the best against the baseline; runs compared: every run.

@@ -7,10 +7,11 @@ resample draws review indices with replacement from
 seed gives the same interval every time, and two models compared on the same
 seed are compared on the same resamples (a paired bootstrap).
 
-Scores per resample come from one confusion matrix per resample (numpy
-``bincount``), the same accuracy and F1 as scikit-learn's (an F1 with no
-predicted and no true review of a class counts 0, as scikit-learn's
-``zero_division`` default does).
+Scores per resample come from each class's true, predicted and right counts
+in the resample (numpy ``bincount``; never a class-by-class confusion matrix,
+which grows with the square of the classes), the same accuracy and F1 as
+scikit-learn's (an F1 with no predicted and no true review of a class counts
+0, as scikit-learn's ``zero_division`` default does).
 """
 
 from __future__ import annotations
@@ -27,55 +28,82 @@ RESAMPLES = 1000
 MAX_RESAMPLES = 1_000_000
 CONFIDENCE = 0.95
 SEED = 0
-# Indices are drawn and scored this many (resample, review) cells at a time (64 MiB of int64
-# indices; with the gathered labels and cells about 300 MiB at the peak), so memory stays flat
-# however many resamples or reviews; the draws are the same as in one block.
+# Indices are drawn and scored in blocks of about this many cells, counting a block's (resample, review)
+# indices and its (resample, class) counts alike (64 MiB a block of int64; with the counts, F1s and
+# gathered labels a few hundred MiB at the peak), so memory stays flat however many resamples,
+# reviews or classes; the draws are the same as in one block. No (class, class) confusion matrix is
+# built: 10,000 classes once asked for 745 GiB of them.
 CHUNK_CELLS = 8_000_000
+# What one block's scoring holds per (resample, class) cell: true, predicted and right counts, and F1s.
+CLASS_CELL_ARRAYS = 4
 
 
-def resample_indices(num_samples: int, resamples: int = RESAMPLES, seed: int = SEED) -> Iterator[np.ndarray]:
+def resample_indices(
+    num_samples: int, resamples: int = RESAMPLES, seed: int = SEED, cells_per_resample: int | None = None
+) -> Iterator[np.ndarray]:
     """Review indices drawn with replacement, seeded: ``(rows, num_samples)`` blocks, ``resamples`` rows in all.
 
     The blocks together are ``default_rng(seed).integers(0, num_samples, size=(resamples, num_samples))``.
+    A block holds about ``CHUNK_CELLS`` cells, a resample counting ``cells_per_resample`` (by default its indices).
     """
     rng = np.random.default_rng(seed)
-    rows_per_block = max(1, CHUNK_CELLS // max(num_samples, 1))
+    rows_per_block = max(1, CHUNK_CELLS // max(cells_per_resample or num_samples, 1))
     for start in range(0, resamples, rows_per_block):
         yield rng.integers(0, num_samples, size=(min(rows_per_block, resamples - start), num_samples))
 
 
 def bootstrap_scores(
-    predictions: Sequence[Any], labels: Any, num_labels: int, resamples: int = RESAMPLES, seed: int = SEED
+    predictions: Sequence[Any],
+    labels: Any,
+    num_labels: int,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    classes: range = range(0),
 ) -> list[dict[str, np.ndarray]]:
-    """:func:`resampled_scores` of each of ``predictions`` (one per model) on the same seeded resamples."""
+    """:func:`resampled_scores` of each of ``predictions`` (one per model) on the same seeded resamples.
+
+    ``per_class_f1`` holds the F1 of ``classes`` only (``(resamples, len(classes))``): every class of
+    every resample would not fit in memory with thousands of classes (see :func:`score_intervals`).
+    """
     if resamples < 1:
         raise FinetuneError(f"resamples must be >= 1 (got {resamples}); the default is {RESAMPLES}")
     blocks: list[list[dict[str, np.ndarray]]] = [[] for _ in predictions]
-    for indices in resample_indices(len(labels), resamples, seed):
+    cells_per_resample = len(labels) + CLASS_CELL_ARRAYS * (num_labels + 1)
+    for indices in resample_indices(len(labels), resamples, seed, cells_per_resample):
         for scores, model_predictions in zip(blocks, predictions):
-            scores.append(resampled_scores(model_predictions, labels, num_labels, indices))
+            scores.append(resampled_scores(model_predictions, labels, num_labels, indices, classes))
     return [{name: np.concatenate([block[name] for block in scores]) for name in scores[0]} for scores in blocks]
 
 
-def resampled_scores(predictions: Any, labels: Any, num_labels: int, indices: np.ndarray) -> dict[str, np.ndarray]:
-    """Accuracy, macro-F1 and per-class F1 (``(resamples, num_labels)``) on each resample of ``indices``."""
+def resampled_scores(
+    predictions: Any, labels: Any, num_labels: int, indices: np.ndarray, classes: range | None = None
+) -> dict[str, np.ndarray]:
+    """Accuracy, macro-F1 and the F1 of ``classes`` (all by default; ``(resamples, len(classes))``) on each resample.
+
+    Counted per class (true, predicted, right), never as a class-by-class confusion matrix.
+    """
     predictions, labels = np.asarray(predictions, dtype=np.int64), np.asarray(labels, dtype=np.int64)
-    resamples = indices.shape[0]
-    # One confusion matrix per resample: cell (true, predicted), offset by the resample's number.
-    cells = labels[indices] * num_labels + predictions[indices]
-    cells += (np.arange(resamples) * num_labels * num_labels)[:, None]
-    confusion = np.bincount(cells.ravel(), minlength=resamples * num_labels * num_labels)
-    confusion = confusion.reshape(resamples, num_labels, num_labels).astype(np.float64)
-    true_positives = np.diagonal(confusion, axis1=1, axis2=2)
-    true_counts, predicted_counts = confusion.sum(axis=2), confusion.sum(axis=1)
+    true, predicted = labels[indices], predictions[indices]
+    right = true == predicted
+    # A review predicted wrongly adds to no class's true positives: it is counted in a bin past the last class.
+    true_positives = _counts_per_resample(np.where(right, true, num_labels), num_labels)
+    denominator = _counts_per_resample(true, num_labels) + _counts_per_resample(predicted, num_labels)
     # F1 = 2 TP / (true + predicted); 0 where a class is neither true nor predicted in the resample.
-    denominator = true_counts + predicted_counts
-    per_class_f1 = np.divide(2 * true_positives, denominator, out=np.zeros_like(denominator), where=denominator > 0)
+    per_class_f1 = np.divide(2 * true_positives, denominator, out=np.zeros(denominator.shape), where=denominator > 0)
+    chosen = classes if classes is not None else range(num_labels)
     return {
-        "accuracy": true_positives.sum(axis=1) / indices.shape[1],
+        "accuracy": right.sum(axis=1) / indices.shape[1],
         "macro_f1": per_class_f1.mean(axis=1),
-        "per_class_f1": per_class_f1,
+        "per_class_f1": per_class_f1[:, chosen.start : chosen.stop],
     }
+
+
+def _counts_per_resample(classes: np.ndarray, num_labels: int) -> np.ndarray:
+    """How many reviews of each class ``0 .. num_labels - 1`` each row of ``classes`` holds (``num_labels`` dropped)."""
+    rows, bins = classes.shape[0], num_labels + 1
+    # One bincount for the block: a row's classes offset by the row's number.
+    counts = np.bincount((classes + (np.arange(rows) * bins)[:, None]).ravel(), minlength=rows * bins)
+    return counts.reshape(rows, bins)[:, :num_labels]
 
 
 def percentile_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> list[float]:
@@ -93,19 +121,33 @@ def score_intervals(
     seed: int = SEED,
     confidence: float = CONFIDENCE,
 ) -> dict[str, Any]:
-    """Percentile bootstrap intervals of accuracy, macro-F1 and each class's F1, with how they were made."""
-    (scores,) = bootstrap_scores([predictions], labels, len(label_names), resamples, seed)
+    """Percentile bootstrap intervals of accuracy, macro-F1 and each class's F1, with how they were made.
+
+    The classes' F1s are kept for a block of classes at a time (about ``CHUNK_CELLS`` values), each
+    block on the same seeded resamples drawn again, so memory stays flat with thousands of classes.
+    """
+    num_labels = len(label_names)
+    classes_per_pass = max(1, CHUNK_CELLS // max(resamples, 1))
+    passes = [
+        range(start, min(start + classes_per_pass, num_labels)) for start in range(0, num_labels, classes_per_pass)
+    ]
+    per_class_f1: dict[str, list[float]] = {}
+    for number, classes in enumerate(passes or [range(0)]):
+        (scores,) = bootstrap_scores([predictions], labels, num_labels, resamples, seed, classes)
+        if number == 0:
+            accuracy, macro_f1 = scores["accuracy"], scores["macro_f1"]
+        tail = (1 - confidence) / 2 * 100
+        lows, highs = np.percentile(scores["per_class_f1"], [tail, 100 - tail], axis=0)
+        for index, low, high in zip(classes, lows, highs):
+            per_class_f1[label_names[index]] = [float(low), float(high)]
     return {
         "method": "percentile bootstrap",
         "confidence": confidence,
         "resamples": resamples,
         "seed": seed,
-        "accuracy": percentile_interval(scores["accuracy"], confidence),
-        "macro_f1": percentile_interval(scores["macro_f1"], confidence),
-        "per_class_f1": {
-            name: percentile_interval(scores["per_class_f1"][:, index], confidence)
-            for index, name in enumerate(label_names)
-        },
+        "accuracy": percentile_interval(accuracy, confidence),
+        "macro_f1": percentile_interval(macro_f1, confidence),
+        "per_class_f1": per_class_f1,
     }
 
 

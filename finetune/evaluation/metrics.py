@@ -16,6 +16,9 @@ import evaluate
 import numpy as np
 
 METRIC_MODULES = Path(__file__).parent / "metric_modules"
+# Past this many classes the confusion matrix is not kept, drawn nor tabled: 10,000 classes made a
+# 900 MB test_report.json, and the report's picture (a number in every cell) was killed for memory.
+CONFUSION_MATRIX_MAX_CLASSES = 50
 
 
 @cache
@@ -25,7 +28,10 @@ def load_metric(name: str) -> evaluate.EvaluationModule:
 
 
 def classification_report(predictions: Any, references: Any, label_names: list[str]) -> dict[str, Any]:
-    """Accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix."""
+    """Accuracy, macro-F1, per-class precision/recall/F1, each class's reviews and the confusion matrix.
+
+    The confusion matrix is None past ``CONFUSION_MATRIX_MAX_CLASSES`` classes (it grows with their square).
+    """
     predictions = np.asarray(predictions).tolist()
     references = np.asarray(references).tolist()
     labels = list(range(len(label_names)))
@@ -41,7 +47,13 @@ def classification_report(predictions: Any, references: Any, label_names: list[s
             label: {metric: values[index] for metric, values in per_class.items()}
             for index, label in enumerate(label_names)
         },
-        "confusion_matrix": load_metric("confusion_matrix").compute(**scores, labels=labels)["confusion_matrix"],
+        "confusion_matrix": (
+            load_metric("confusion_matrix").compute(**scores, labels=labels)["confusion_matrix"]
+            if len(labels) <= CONFUSION_MATRIX_MAX_CLASSES
+            else None
+        ),
+        # Each class's reviews, which the confusion matrix's rows gave (it is None past the cap).
+        "support": np.bincount(np.asarray(references, dtype=np.int64), minlength=len(labels)).tolist(),
         "num_samples": len(references),
     }
 

@@ -252,6 +252,8 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
             f"{support} |"
         )
     names = list(test["per_class"])
+    if test.get("confusion_matrix") is None:
+        return [*lines, "", f"No confusion matrix: {len(names):,} classes are too many to show one.", ""]
     lines += [
         "",
         "Confusion matrix (rows: true class, columns: predicted):",
@@ -457,7 +459,9 @@ def _class_weighting(run: dict[str, Any]) -> str:
 
 
 def _supports(test: dict[str, Any]) -> list[int]:
-    # Each class's test reviews are its confusion-matrix row.
+    if "support" in test:
+        return test["support"]
+    # A report from before "support" was kept: each class's test reviews are its confusion-matrix row.
     return [sum(row) for row in test["confusion_matrix"]]
 
 

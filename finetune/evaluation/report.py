@@ -177,7 +177,7 @@ def write_run_report(
     )
     plot_learning_rate(folder / "lr.png", update_rows, heading, warmup_updates, epochs_per_update)
     plot_grad_norm(folder / "grad_norm.png", update_rows, heading, args.max_grad_norm, epochs_per_update)
-    if test_report is not None:
+    if test_report is not None and test_report.get("confusion_matrix") is not None:
         plot_confusion_matrix(
             folder / "confusion_matrix_test.png",
             test_report["confusion_matrix"],
