@@ -1,0 +1,150 @@
+"""Scores for several tags per review: per-tag thresholds, the scores people read, and their intervals.
+
+A multi-label model gives each review a probability per tag (a sigmoid each,
+not a softmax over them), so a tag is predicted where its probability reaches
+that tag's threshold. One threshold for every tag (0.5) suits few real sets:
+a rare tag's probabilities rarely climb that high, and its recall is lost.
+:func:`tune_thresholds` picks each tag's own threshold on the validation
+split, the one that gives the tag its best F1 there, as simpletransformers
+users ask for (its issues 252 and 1562) and scikit-learn's
+``TunedThresholdClassifierCV`` does for one binary label.
+
+The headline score is micro-F1 (every review-tag pair counted once, so common
+tags weigh more), with macro-F1 (the mean over tags), per-tag precision,
+recall and F1, subset accuracy (the whole set right) and Hamming loss (the
+share of review-tag pairs wrong). :func:`tag_score_intervals` gives 95%
+bootstrap intervals over reviews, in memory bounded by the number of tags.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# Where a tag cannot be tuned (no validation split, or no validation review with the tag).
+DEFAULT_THRESHOLD = 0.5
+# Resamples drawn at once: memory is this many rows of one weight per review.
+RESAMPLES_AT_ONCE = 64
+
+
+def tune_thresholds(probabilities: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each tag's threshold with the best F1 on these reviews; ``DEFAULT_THRESHOLD`` for a tag none of them has.
+
+    ``probabilities`` and ``labels`` are ``[reviews, tags]``. A tag's candidates
+    are the midpoints between its sorted distinct probabilities (and the ends),
+    so the threshold separates reviews rather than sitting on one. Ties keep
+    the candidate nearest ``DEFAULT_THRESHOLD``, so a threshold moves from 0.5
+    only as far as the data asks.
+    """
+    probabilities, labels = _as_rows(probabilities), _as_rows(labels).astype(bool)
+    thresholds = np.full(probabilities.shape[1], DEFAULT_THRESHOLD)
+    for tag in range(probabilities.shape[1]):
+        if labels[:, tag].any():
+            thresholds[tag] = _best_threshold(probabilities[:, tag], labels[:, tag])
+    return thresholds
+
+
+def _best_threshold(scores: np.ndarray, truth: np.ndarray) -> float:
+    """The threshold on one tag's ``scores`` with the best F1 against ``truth`` (see :func:`tune_thresholds`)."""
+    values = np.unique(scores)
+    candidates = np.concatenate(([values[0] / 2], (values[:-1] + values[1:]) / 2, [(values[-1] + 1) / 2]))
+    predicted = scores[None, :] >= candidates[:, None]
+    true_positives = (predicted & truth).sum(axis=1)
+    # F1 = 2 TP / (predicted + actual positives); 0 where nothing is predicted and nothing is there.
+    denominators = predicted.sum(axis=1) + truth.sum()
+    f1 = np.divide(2 * true_positives, denominators, out=np.zeros(len(candidates)), where=denominators > 0)
+    best = np.flatnonzero(f1 >= f1.max() - 1e-12)
+    return float(candidates[best[np.argmin(np.abs(candidates[best] - DEFAULT_THRESHOLD))]])
+
+
+def predicted_tags(probabilities: np.ndarray, thresholds: np.ndarray | float = DEFAULT_THRESHOLD) -> np.ndarray:
+    """Which tags each review is given: its probability at or above the tag's threshold (``[reviews, tags]``)."""
+    return _as_rows(probabilities) >= np.asarray(thresholds, dtype=np.float64)
+
+
+def tag_scores(labels: np.ndarray, predicted: np.ndarray, tag_names: list[str] | None = None) -> dict[str, Any]:
+    """Micro- and macro-F1, subset accuracy, Hamming loss, and per tag its precision, recall, F1 and support.
+
+    A tag never predicted has precision 0, and one on no review recall 0 (as
+    scikit-learn's ``zero_division=0``), so a tag the model ignores counts
+    against macro-F1 instead of dropping out of it.
+    """
+    truth, guess = _as_rows(labels).astype(bool), _as_rows(predicted).astype(bool)
+    true_positives, false_positives, false_negatives = _pair_counts(truth, guess, np.ones((1, len(truth))))
+    per_tag_f1 = _f1(true_positives[0], false_positives[0], false_negatives[0])
+    names = tag_names or [str(tag) for tag in range(truth.shape[1])]
+    per_tag = {
+        name: {
+            "precision": _ratio(true_positives[0, tag], true_positives[0, tag] + false_positives[0, tag]),
+            "recall": _ratio(true_positives[0, tag], true_positives[0, tag] + false_negatives[0, tag]),
+            "f1": float(per_tag_f1[tag]),
+            "support": int(truth[:, tag].sum()),
+        }
+        for tag, name in enumerate(names)
+    }
+    return {
+        "micro_f1": float(_f1(true_positives.sum(), false_positives.sum(), false_negatives.sum())),
+        "macro_f1": float(per_tag_f1.mean()),
+        "subset_accuracy": float((truth == guess).all(axis=1).mean()),
+        "hamming_loss": float((truth != guess).mean()),
+        "per_tag": per_tag,
+    }
+
+
+def tag_score_intervals(
+    labels: np.ndarray, predicted: np.ndarray, resamples: int = 1000, seed: int = 0, confidence: float = 0.95
+) -> dict[str, Any]:
+    """Percentile bootstrap intervals (over reviews) of micro-F1, macro-F1 and each tag's F1.
+
+    Each resample is a count per review (how often it was drawn), so the
+    counts of true and false positives are one product of those counts with
+    the review-tag table: memory is ``RESAMPLES_AT_ONCE`` x reviews plus
+    resamples x tags, never resamples x reviews x tags.
+    """
+    truth, guess = _as_rows(labels).astype(bool), _as_rows(predicted).astype(bool)
+    rng = np.random.default_rng(seed)
+    reviews = len(truth)
+    micro, macro, per_tag = [], [], []
+    for start in range(0, resamples, RESAMPLES_AT_ONCE):
+        draws = min(RESAMPLES_AT_ONCE, resamples - start)
+        weights = rng.multinomial(reviews, np.full(reviews, 1.0 / reviews), size=draws).astype(np.float64)
+        true_positives, false_positives, false_negatives = _pair_counts(truth, guess, weights)
+        micro.append(_f1(true_positives.sum(axis=1), false_positives.sum(axis=1), false_negatives.sum(axis=1)))
+        tag_f1 = _f1(true_positives, false_positives, false_negatives)
+        macro.append(tag_f1.mean(axis=1))
+        per_tag.append(tag_f1)
+    tail = (1.0 - confidence) / 2 * 100
+    bounds = (tail, 100 - tail)
+    return {
+        "micro_f1": np.percentile(np.concatenate(micro), bounds).tolist(),
+        "macro_f1": np.percentile(np.concatenate(macro), bounds).tolist(),
+        "per_tag_f1": np.percentile(np.concatenate(per_tag), bounds, axis=0).T.tolist(),
+    }
+
+
+def _pair_counts(truth: np.ndarray, guess: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+    """True positives, false positives and false negatives per resample and tag: ``weights`` [resamples, reviews]."""
+    return (
+        weights @ (truth & guess).astype(np.float64),
+        weights @ (~truth & guess).astype(np.float64),
+        weights @ (truth & ~guess).astype(np.float64),
+    )
+
+
+def _f1(true_positives: np.ndarray, false_positives: np.ndarray, false_negatives: np.ndarray) -> np.ndarray:
+    """F1 from its counts, 0 where there is nothing to find and nothing found."""
+    denominator = np.asarray(2 * true_positives + false_positives + false_negatives, dtype=np.float64)
+    numerator = np.asarray(2 * true_positives, dtype=np.float64)
+    return np.divide(numerator, denominator, out=np.zeros_like(denominator), where=denominator > 0)
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    """``numerator / denominator``, 0 where the denominator is 0."""
+    return float(numerator / denominator) if denominator else 0.0
+
+
+def _as_rows(values: Any) -> np.ndarray:
+    """``values`` as a 2-D array of reviews by tags."""
+    array = np.asarray(values)
+    return array.reshape(len(array), -1)
