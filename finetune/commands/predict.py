@@ -155,7 +155,9 @@ def _predict_batches(
         column = (
             column or reading.text_column or _guess_text_column(batch, fields.get("text_column"), reading.input_path)
         )
-        texts = _model_inputs(batch, column, fields.get("title_column"), fields.get("clean_text", True))
+        texts = _model_inputs(
+            batch, column, fields.get("title_column"), fields.get("clean_text", True), reading.input_path, count + 1
+        )
         # An empty review is not scored: training drops such rows and stdin skips blank lines.
         empty_reviews += [count + index + 1 for index, text in enumerate(texts) if not text]
         nonempty = [text for text in texts if text]

@@ -51,7 +51,9 @@ def read_model_inputs(
     if not taken:
         raise FinetuneError(f"{input_path} has no rows; give it at least one review")
     column = text_column or _guess_text_column(taken, data_fields.get("text_column"), input_path)
-    return _model_inputs(taken, column, data_fields.get("title_column"), data_fields.get("clean_text", True))
+    return _model_inputs(
+        taken, column, data_fields.get("title_column"), data_fields.get("clean_text", True), input_path
+    )
 
 
 class _Rows:
@@ -269,17 +271,40 @@ def _guess_text_column(rows: list[dict[str, Any]], recipe_column: str | None, in
     raise FinetuneError(f"{input_path} has no text column (columns: {', '.join(columns)}); pass --text_column NAME")
 
 
-def _model_inputs(rows: list[dict[str, Any]], column: str, title_column: str | None, clean: bool) -> list[str]:
+def _model_inputs(
+    rows: list[dict[str, Any]],
+    column: str,
+    title_column: str | None,
+    clean: bool,
+    source: str | None = None,
+    first_row: int = 1,
+) -> list[str]:
     """Each row's text cleaned and joined to its title as in training, so the model sees what it learned from.
 
     A row whose text is empty (after cleaning) gives ``""`` even with a title, as training drops it.
+    A text or title that is a JSON list or mapping is refused as training refuses it, naming the row
+    of ``source`` (rows numbered from ``first_row``).
     """
     from ..data.cleaning import clean_texts, join_title
 
     if any(column not in row for row in rows):
         raise FinetuneError(f"a row has no '{column}' column; pass --text_column NAME")
+    _refuse_nested_text(rows, column, "fix the row, or pass --text_column with another column", source, first_row)
+    if title_column:
+        _refuse_nested_text(rows, title_column, "fix the row", source, first_row)
     bodies = [str(row[column] or "") for row in rows]
     titles = [str(row.get(title_column) or "") if title_column else "" for row in rows]
     if clean:
         bodies, titles = clean_texts(bodies), clean_texts(titles)
     return [join_title(title.strip(), body.strip()) if body.strip() else "" for title, body in zip(titles, bodies)]
+
+
+def _refuse_nested_text(rows: list[dict[str, Any]], column: str, fix: str, source: str | None, first_row: int) -> None:
+    """A list or mapping (from JSON Lines) where a review goes: its str() would be scored as if it were text."""
+    for index, row in enumerate(rows):
+        value = row.get(column)
+        if isinstance(value, (list, dict)):
+            kind = "list" if isinstance(value, list) else "mapping"
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            where = f"{source or 'the input'} row {first_row + index}"
+            raise FinetuneError(f"{where}: '{column}' holds a {kind} ({shown}); a review must be text: {fix}")

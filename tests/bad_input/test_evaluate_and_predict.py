@@ -298,3 +298,31 @@ def test_evaluate_data_without_the_runs_column_names_a_fix_evaluate_has(run_copy
         f"error: {run_copy / 'other.csv'} has no column 'review' (columns: text, stars); "
         "name the column 'review' in the file, as in the data the run was trained on"
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            {"text": ["x"]},
+            "in.jsonl row 2: 'text' holds a list (['x']); a review must be text: fix the row, or pass "
+            "--text_column with another column",
+        ),
+        (
+            {"text": {"body": "x"}},
+            "in.jsonl row 2: 'text' holds a mapping ({'body': 'x'}); a review must be text: fix the row, or pass "
+            "--text_column with another column",
+        ),
+    ],
+    ids=["list-review", "mapping-review"],
+)
+def test_predict_jsonl_review_that_is_not_text_is_refused_as_train_refuses_it(
+    tiny_model_dir, tmp_path, capsys, line, message
+):
+    """Once scored as its str() with exit 0, while train refuses the same row (issue 73)."""
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps(line) + "\n")
+    output = tmp_path / "out.jsonl"
+    argv = ["predict", tiny_model_dir, "--input", tmp_path / "in.jsonl", "--output", output]
+    assert run_cli(argv, capsys) == f"error: {tmp_path}/{message}"
+    assert not output.exists()
+
