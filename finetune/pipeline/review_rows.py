@@ -158,7 +158,13 @@ def _refuse_bad_text_before_reading(path: Path, input_path: str) -> None:
 
 
 def _stdin_rows(handle: IO[str]) -> Iterator[dict[str, Any]]:
-    for line in _capped_lines(handle, "stdin"):
+    for line_number, line in enumerate(_capped_lines(handle, "stdin"), start=1):
+        # A NUL is valid UTF-8, so the decoder lets it through; a file holding one is refused as binary
+        # (config/text_files.py), and scored it would put a raw NUL in the output.
+        if "\x00" in line:
+            raise FinetuneError(
+                f"stdin is binary data, not text (a NUL byte in line {line_number}); check what is piped in"
+            )
         if line.strip():
             yield {"text": line.strip()}
 

@@ -326,3 +326,16 @@ def test_predict_jsonl_review_that_is_not_text_is_refused_as_train_refuses_it(
     assert run_cli(argv, capsys) == f"error: {tmp_path}/{message}"
     assert not output.exists()
 
+
+def test_predict_nul_byte_on_stdin_is_refused_as_in_a_file(tiny_model_dir, monkeypatch, capsys):
+    """``printf 'good\\x00bad\\n' | finetune predict RUN`` was scored, and its CSV held a raw NUL (issue 73)."""
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"fine\ngood\x00bad\n"), encoding="utf-8"))
+    status = main(["predict", str(tiny_model_dir)])
+    captured = capsys.readouterr()
+    assert status == 2
+    assert captured.err.strip() == (
+        "error: stdin is binary data, not text (a NUL byte in line 2); check what is piped in"
+    )
+    assert "\x00" not in captured.out
