@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from .commands.options.fields import Command
@@ -33,6 +34,38 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
         # prog is the full command, e.g. "finetune data fetch", so the hint names the right --help.
         raise FinetuneError(f"{message}; see '{self.prog} --help'")
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        """argparse's parsing, after refusing a flag given twice (see :func:`refuse_flags_given_twice`)."""
+        given = list(sys.argv[1:] if args is None else args)
+        # Checked by the command's own parser, which gets every flag after the command's name and knows
+        # which take no value; the parsers above it only choose the command.
+        if self._subparsers is None:
+            on_off = {option for option, action in self._option_string_actions.items() if action.nargs == 0}
+            refuse_flags_given_twice(given, on_off)
+        return super().parse_known_args(given, namespace)
+
+
+def refuse_flags_given_twice(argv: Sequence[str], on_off: Collection[str] = ()) -> None:
+    """Refuse a flag given twice, in either spelling (``--max_steps`` / ``--max-steps``), as a recipe key twice is.
+
+    argparse keeps the last without a word, so ``--max_steps 2 --max_steps 3`` trained 3 steps while
+    the 2 typed first looked in force. ``on_off`` are the flags that take no value (``--overwrite``).
+    """
+    seen: dict[str, str] = {}
+    for index, token in enumerate(argv):
+        if token == "--":
+            return  # what follows is positional, whatever it looks like
+        if not token.startswith("--"):
+            continue
+        name, equals, _ = token.partition("=")
+        field = name[2:].replace("-", "_")
+        following = argv[index + 1] if index + 1 < len(argv) else ""
+        takes_value = not equals and name not in on_off and following and not following.startswith("--")
+        written = f"{token} {following}" if takes_value else token
+        if field in seen:
+            raise FinetuneError(f"--{field} is given twice ({seen[field]}, then {written}); give it once")
+        seen[field] = written
 
 
 def build_parser(commands: Sequence[Command], prog: str, description: str) -> argparse.ArgumentParser:

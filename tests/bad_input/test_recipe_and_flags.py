@@ -394,3 +394,26 @@ def test_liger_kernel_without_its_package_is_refused(tmp_path, tiny_model_dir, c
         "use_liger_kernel: false (its kernels are for decoder LLMs such as Llama, not BERT-family encoders)"
     )
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max_steps", "2", "--max_steps", "3"], "--max_steps is given twice (--max_steps 2, then --max_steps 3)"),
+        (["--max-steps=2", "--max_steps", "3"], "--max_steps is given twice (--max-steps=2, then --max_steps 3)"),
+    ],
+    ids=["recipe-field", "two-spellings"],
+)
+def test_a_recipe_flag_given_twice_is_refused_as_a_recipe_key_given_twice(
+    tmp_path, tiny_model_dir, capsys, flags, message
+):
+    """Once the last silently won (issue 73)."""
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    error = run_cli(["train", recipe_with(tmp_path, tiny_model_dir), *flags], capsys)
+    assert error == f"error: {message}; give it once"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_command_flag_given_twice_is_refused(tiny_model_dir, capsys):
+    error = run_cli(["predict", tiny_model_dir, "--batch_size", "2", "--batch_size", "3"], capsys)
+    assert error == "error: --batch_size is given twice (--batch_size 2, then --batch_size 3); give it once"
