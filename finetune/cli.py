@@ -18,8 +18,8 @@ in its ``COMMANDS``; the parser and ``--help`` are generated from them
 | ``predict MODEL [--input FILE] [--output FILE] [--explain]`` | :func:`finetune.commands.predict.predict` |
 | ``export MODEL --int8 [--output DIR] [--backend B] [--fp32_fallback M]`` | :func:`finetune.commands.export.export` |
 | ``serve MODEL [--host H] [--port N] [--token T] [--max_reviews N] ...`` | :func:`finetune.commands.serve.serve` |
-| ``bench RECIPE [--updates N] [--output FILE] [--memory] [--device D]`` | :func:`finetune.commands.bench.bench` |
-| ``bench RECIPE --scaling [--sizes S] [--max_reviews N]`` | :func:`finetune.commands.bench_scaling.bench_scaling` |
+| ``bench RECIPE [--updates N] [--output FILE] [--memory] [--device D]`` | :func:`finetune.bench.command.bench` |
+| ``bench RECIPE --scaling [--sizes S] [--max_reviews N]`` | :func:`finetune.bench.scaling.bench_scaling` |
 | ``data list [--cache_dir DIR]`` | :func:`finetune.fetching.dataset.catalog_table` |
 | ``data fetch NAME [--cache_dir DIR] [--find_links DIR]`` | :func:`finetune.fetching.dataset.fetch` |
 | ``model list [--cache_dir DIR]`` | :func:`finetune.fetching.model.fetched_models_table` |

@@ -13,8 +13,8 @@ import pytest
 import torch
 from helpers import tiny_recipe
 
+from finetune.bench.flops import training_flops
 from finetune.cli import main
-from finetune.commands.flops import training_flops
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +22,7 @@ def small_gemm_peak(monkeypatch):
     """The bench's GEMM peak from products of 256, not 2048: 5.4 s a bench on one pinned core, and 15 s in
     bf16 on a CPU without its native kernels, for a figure these tests only read as positive. The peak's
     own test (below) calls measure_gemm_peak with its sizes."""
-    from finetune.commands import bench
+    from finetune.bench import command as bench
 
     monkeypatch.setattr(bench, "CPU_GEMM_PRODUCTS", (256, 1))
 
@@ -35,7 +35,7 @@ def tiny_speed_specs(folder: Path, model_dir: Path, updates: int) -> list:
     """The bench's three training systems for the tiny recipe, as ``finetune bench`` plans them, to run here."""
     from dataclasses import asdict
 
-    from finetune.commands.bench import _speed_specs
+    from finetune.bench.command import _speed_specs
     from finetune.config.recipes import load_recipe
     from finetune.data.encoding import ReviewEncoding
     from finetune.data.splits import load_review_data, tokenize_splits
@@ -134,7 +134,7 @@ def test_speed_report_fields_and_same_samples(tmp_path, tiny_model_dir, capsys, 
 
 
 def test_review_trainer_flags_are_split_from_the_shared_ones():
-    from finetune.commands.bench import split_review_trainer_flags
+    from finetune.bench.command import split_review_trainer_flags
     from finetune.errors import FinetuneError
 
     shared, ours = split_review_trainer_flags(
@@ -149,7 +149,7 @@ def test_review_trainer_flags_are_split_from_the_shared_ones():
 def test_each_system_pads_as_it_would_in_a_run(tokenizer):
     from transformers import DataCollatorWithPadding
 
-    from finetune.commands.bench_systems import RecordingCollator
+    from finetune.bench.systems import RecordingCollator
     from finetune.data.collation import PaddingCollator
 
     # ReviewTrainer swaps the DataCollatorWithPadding finetune train gives it; stock Trainer pads with it as given.
@@ -163,7 +163,7 @@ def test_each_system_pads_as_it_would_in_a_run(tokenizer):
 def test_the_recording_collator_records_what_loader_workers_collate(tokenizer, tmp_path, workers):
     from datasets import Dataset
 
-    from finetune.commands.bench_systems import RecordingCollator
+    from finetune.bench.systems import RecordingCollator
 
     texts = ["great", "not good at all", "fine I guess", "awful", "the best thing I ever bought", "meh", "ok"]
     encoded = [tokenizer(text)["input_ids"] for text in texts]
@@ -185,7 +185,7 @@ def test_the_classic_loop_checkpoints_activations_when_asked(tiny_model_dir, tok
     from helpers import quiet_args, review_dataset
     from transformers import BertForSequenceClassification
 
-    from finetune.commands.bench_systems import RecordingCollator, _classic_loop, _Discard
+    from finetune.bench.systems import RecordingCollator, _classic_loop, _Discard
 
     samples = review_dataset(tokenizer, 4)
     samples = samples.add_column("sample_id", list(range(4))).add_column(
@@ -296,7 +296,7 @@ def test_the_gemm_peak_grows_its_products_only_while_a_round_stays_short(monkeyp
     bf16 on a CPU without native kernels multiplies at about 1.5 GFLOP/s: a
     fixed 2048 took the bench 5 minutes there before it trained anything.
     """
-    from finetune.commands import flops
+    from finetune.bench import flops
 
     sizes = []
     real_operands = flops._gemm_operands
@@ -313,7 +313,7 @@ def test_the_gemm_peak_grows_its_products_only_while_a_round_stays_short(monkeyp
 
 def test_prediction_rows_by_hand():
     """Agreement, probability change and near ties of a made-up fp32 / int8 pair, worked out by hand."""
-    from finetune.commands.bench import _format_prediction, _prediction_rows
+    from finetune.bench.command import _format_prediction, _prediction_rows
 
     def result(system, probabilities, seconds):
         return {
@@ -358,7 +358,7 @@ def test_a_run_timed_apart_from_the_counted_one_starts_from_the_same_weights(tmp
     from fresh weights (a second run that started from the first run's trained weights would not), and
     carry the first run's sync counts.
     """
-    from finetune.commands.bench_systems import _train_system
+    from finetune.bench.systems import _train_system
 
     class Updates:
         def __init__(self) -> None:
@@ -389,7 +389,7 @@ def test_a_trainer_s_set_up_is_timed_apart_from_its_updates(tmp_path, tiny_model
     """
     import time
 
-    from finetune.commands import bench_systems
+    from finetune.bench import systems as bench_systems
 
     slow_start = 3.0
     with_progress = bench_systems._progress_callback
@@ -417,7 +417,7 @@ def test_counted_operators_follow_the_forward_passes_an_update_makes(tmp_path, t
     token budget that holds the whole window makes one, padded as stock pads: the same layers run half as
     often, so it must count fewer operators, and a run that counts nothing reports none.
     """
-    from finetune.commands.bench_systems import REVIEW_TRAINER, STOCK_TRAINER, _train_system
+    from finetune.bench.systems import REVIEW_TRAINER, STOCK_TRAINER, _train_system
 
     class Discard:
         def put(self, item) -> None:
@@ -462,7 +462,7 @@ def test_compiled_systems_are_compiled_in_an_untimed_run_first(tmp_path, tiny_mo
     from torch._dynamo.backends import registry
     from torch._dynamo.utils import counters
 
-    from finetune.commands.bench_systems import _train_system
+    from finetune.bench.systems import _train_system
 
     registry.lookup_backend("aot_eager")  # registered on first use
     monkeypatch.setitem(registry._COMPILER_FNS, "aot_eager", counting_backend)  # Accelerate takes known names only
@@ -507,7 +507,7 @@ def test_a_system_that_fails_is_reported_and_no_later_system_runs(tmp_path, tiny
     import warnings
     from dataclasses import replace
 
-    from finetune.commands.bench_systems import launch_children
+    from finetune.bench.systems import launch_children
 
     first, second, _ = tiny_speed_specs(tmp_path, tiny_model_dir, updates=1)
     broken = replace(first, dataset_path=str(tmp_path / "no such folder"))
@@ -526,7 +526,7 @@ def test_a_system_killed_before_it_reports_is_named_with_its_signal(tmp_path, ti
     import signal
     import warnings
 
-    from finetune.commands import bench_systems
+    from finetune.bench import systems as bench_systems
 
     monkeypatch.setattr(bench_systems, "run_in_child", lambda spec, queue: os.kill(os.getpid(), signal.SIGKILL))
     specs = tiny_speed_specs(tmp_path, tiny_model_dir, updates=1)
@@ -539,7 +539,7 @@ def test_a_system_killed_before_it_reports_is_named_with_its_signal(tmp_path, ti
 def test_a_launcher_gone_without_a_word_is_a_one_line_error_not_a_hang():
     import multiprocessing
 
-    from finetune.commands.bench import _next_message
+    from finetune.bench.command import _next_message
     from finetune.errors import FinetuneError
 
     class KilledLauncher:

@@ -16,8 +16,8 @@ import pytest
 from bad_input.common import run_cli
 from helpers import tiny_recipe
 
+from finetune.bench.scaling import faster_than_linear_above, growth_exponent, judge_growth
 from finetune.cli import main
-from finetune.commands.bench_scaling import faster_than_linear_above, growth_exponent, judge_growth
 from finetune.training.run_clock import PARTS
 
 PROJECT = Path(__file__).parent.parent

@@ -20,8 +20,8 @@ from helpers import TEST_ON_CPU, quiet_args, review_dataset
 from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer
 
 from finetune import ReviewTrainer
+from finetune.bench.host_syncs import CudaSyncWarnings, HostReadsWindow
 from finetune.training.device_copies import to_device_without_waiting
-from finetune.training.host_syncs import CudaSyncWarnings, HostReadsWindow
 from finetune.training.micro_batches import cut_window
 
 on_cuda_only = pytest.mark.skipif(TEST_ON_CPU, reason="needs CUDA (FINETUNE_TEST_DEVICE=cuda)")

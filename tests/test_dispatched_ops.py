@@ -10,7 +10,7 @@ import torch
 from helpers import TEST_ON_CPU
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from finetune.training.dispatched_ops import DispatchedOps
+from finetune.bench.dispatched_ops import DispatchedOps
 
 
 def test_counts_each_operator_while_counting_and_leaves_no_mode_behind():

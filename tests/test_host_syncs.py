@@ -17,7 +17,7 @@ from helpers import TEST_ON_CPU, quiet_args, review_dataset
 from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer
 
 from finetune import ReviewTrainer
-from finetune.training.host_syncs import HostReadsWindow, counting_host_reads
+from finetune.bench.host_syncs import HostReadsWindow, counting_host_reads
 
 DEVICE_TYPE = "cpu" if TEST_ON_CPU else "cuda"
 MICRO_BATCH, N_ACCUMULATE, UPDATES = 2, 4, 3

@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).parent.parent / "finetune"
 # export sits between training (it reads run records and pooling) and evaluation (inference runs its models).
 # serve sits above evaluation (it answers with inference and explanations), below commands (serve starts it).
 # pipeline sits above serve and below commands: the stages of a run, and what several commands share.
+# bench sits above pipeline and below commands: what only `finetune bench` uses; no training run imports it.
 LAYERS = [
     "errors",
     "config",
@@ -22,6 +23,7 @@ LAYERS = [
     "evaluation",
     "serve",
     "pipeline",
+    "bench",
     "commands",
     "cli",
 ]
@@ -122,12 +124,8 @@ def test_an_import_circle_is_found_and_named():
     assert import_circle({"a": {"b"}, "b": set()}) == []
 
 
-# Modules of commands/ that are one command's parts or modes rather than commands: bench's systems, its arithmetic
-# and its --scaling mode; train's --seeds and --folds.
+# Modules of commands/ that are one command's parts or modes rather than commands: train's --seeds and --folds.
 COMMAND_PARTS = {
-    "finetune.commands.bench_systems": "bench",
-    "finetune.commands.flops": "bench",
-    "finetune.commands.bench_scaling": "bench",
     "finetune.commands.seeds": "train",
     "finetune.commands.folds": "train",
 }

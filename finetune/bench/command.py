@@ -2,9 +2,9 @@
 
 Each system trains the recipe's model from the same seed on the same samples
 for the same number of updates, with the same micro-batch, n_accumulate and
-optimizer, in its own process (see :mod:`finetune.commands.bench_systems`). The report
+optimizer, in its own process (see :mod:`finetune.bench.systems`). The report
 gives throughput in samples and real (non-pad) tokens, the pad fraction, peak
-resident memory, achieved GFLOP/s from :mod:`finetune.commands.flops`, and that as a
+resident memory, achieved GFLOP/s from :mod:`finetune.bench.flops`, and that as a
 share of a matrix-multiply peak measured here at start (MFU). Ratios against
 ReviewTrainer come first. Timings are for reading, never for asserting. Each system is
 timed from its first forward to the end of its last update; what came before
@@ -15,7 +15,7 @@ its set-up column, outside the rates.
 precision (``--bf16 true``, or ``--fp16 true`` with a GradScaler, as
 overrides), against a GEMM peak measured there in that precision, and adds
 each system's peak GPU memory. Every system's row counts its host syncs per
-update (see :mod:`finetune.training.host_syncs`): the loop's own, the model's
+update (see :mod:`finetune.bench.host_syncs`): the loop's own, the model's
 forward's, and on CUDA every sync CUDA's sync debug mode reports. Speed-up
 settings are overrides too (``--optim adamw_torch_fused``, ``--torch_compile
 true``), which the classic loop follows where it can (fused AdamW, precision).
@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from ..config.output_files import OUTPUT_FLAG, check_output_file, write_output_text
 from ..data.columns import column_values
 from ..errors import FinetuneError
-from .bench_systems import (
+from .systems import (
     CLASSIC_LOOP,
     INFERENCE,
     PREDICT_FP32,

@@ -47,7 +47,8 @@ TORCH_OPTIM = os.path.join(os.path.dirname(torch.__file__), "optim") + os.sep
 # Code that draws batches (and calls samplers and collators) on the host, before a batch is moved to the device.
 DATA_LOADING = (os.path.join(os.path.dirname(torch.__file__), "utils", "data") + os.sep, "accelerate/data_loader.py")
 # Where packed rows' dropout masks are drawn on a CPU, a seed read each; on a GPU dropout is the device's kernel.
-CPU_DROPOUT_MASKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dropout_masks.py")
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU_DROPOUT_MASKS = os.path.join(PACKAGE, "training", "dropout_masks.py")
 
 
 class HostReadCounter:

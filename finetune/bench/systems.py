@@ -346,7 +346,7 @@ def _train_once(
     import torch
     from transformers import set_seed
 
-    from ..training.host_syncs import HostReadsWindow
+    from .host_syncs import HostReadsWindow
 
     args = run.training
     on_gpu = spec.device == "cuda"
@@ -437,8 +437,8 @@ class _Counts:
 
 def _start_counting(stack: contextlib.ExitStack, spec: SystemSpec) -> _Counts:
     """The counters for a counted run of ``spec``, each undone by ``stack`` on every way out."""
-    from ..training.dispatched_ops import DispatchedOps
-    from ..training.host_syncs import CudaSyncWarnings, counting_host_reads
+    from .dispatched_ops import DispatchedOps
+    from .host_syncs import CudaSyncWarnings, counting_host_reads
 
     counts = _Counts(host_reads=stack.enter_context(counting_host_reads(spec.device)))
     if spec.device == "cuda":

@@ -73,7 +73,7 @@ def run(options: BenchOptions, extra: list[str]) -> None:
                 "--device is for the training systems' bench; --scaling trains where finetune train would "
                 "(on the GPU when there is one); drop --device"
             )
-        from ..bench_scaling import bench_scaling
+        from ...bench.scaling import bench_scaling
 
         bench_scaling(
             options.recipe,
@@ -90,7 +90,7 @@ def run(options: BenchOptions, extra: list[str]) -> None:
         raise FinetuneError(f"--{scaling_only[0]} goes with --scaling; add --scaling, or drop it")
     if options.recipe is None:
         raise FinetuneError("finetune bench needs a recipe, e.g. finetune bench recipes/drugscom.yaml")
-    from ..bench import bench
+    from ...bench.command import bench
 
     bench(
         options.recipe,

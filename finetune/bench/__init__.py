@@ -1,0 +1,1 @@
+"""What only ``finetune bench`` uses: its command, systems, scaling, FLOPs, host-read and op counts."""
