@@ -88,3 +88,35 @@ def test_the_server_answers_whatever_happens_to_its_model_file(served_run, tmp_p
         assert "Traceback" not in server.log.read_text()
     finally:
         assert server.stop() == 0, server.log.read_text()
+
+
+@pytest.mark.parametrize("chunk_bytes", [1_000_001, 2**40], ids=["one-past-the-limit", "a-terabyte"])
+def test_a_chunk_larger_than_max_body_bytes_gets_a_413_at_once(token_server, chunk_bytes):
+    """Once the server waited for the chunk until the body timeout (30 s) and answered 408 (issue 73)."""
+    import json
+    import socket
+
+    from serving import AUTH
+
+    offset = token_server.log.stat().st_size
+    head = (
+        "POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: {AUTH['Authorization']}\r\nTransfer-Encoding: chunked\r\n\r\n{chunk_bytes:x}\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", token_server.port), timeout=10) as client:
+        started = time.monotonic()
+        client.sendall(head.encode() + b'{"reviews": ["a"')
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+        waited = time.monotonic() - started
+    head_part, _, body = answer.partition(b"\r\n\r\n")
+    assert head_part.startswith(b"HTTP/1.1 413"), answer
+    assert json.loads(body) == {
+        "error": f"the body has a chunk of {chunk_bytes:,} bytes, more than the limit of 1,000,000; send fewer "
+        "reviews per request, or start the server with a larger --max_body_bytes"
+    }
+    assert waited < 10  # the body timeout is 30 s
+    lines = _wait_for_log(token_server, offset, "chunk of")
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    assert request(token_server.port, "GET", "/health") == (200, {"status": "ok"})

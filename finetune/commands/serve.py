@@ -82,7 +82,7 @@ def serve(
         connections=connections,
     )
     _say_where(served, listener, host, token)
-    _run_server(app, listener, access_log, connections)
+    _run_server(app, listener, access_log, connections, max_body_bytes)
     print("stopped", file=sys.stderr)
 
 
@@ -107,7 +107,9 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
-def _run_server(app: Any, listener: socket.socket, access_log: bool, connections: ConnectionLimits) -> None:
+def _run_server(
+    app: Any, listener: socket.socket, access_log: bool, connections: ConnectionLimits, max_body_bytes: int
+) -> None:
     """uvicorn serving ``app`` on ``listener`` until SIGTERM or Ctrl-C (which end it with exit status 0)."""
     import uvicorn
 
@@ -119,7 +121,7 @@ def _run_server(app: Any, listener: socket.socket, access_log: bool, connections
         access_log=access_log,
         timeout_graceful_shutdown=60,
         # uvicorn's h11 protocol with read timeouts, the cap and JSON errors (httptools is never used).
-        http=guarded_protocol(connections),
+        http=guarded_protocol(connections, max_body_bytes),
         timeout_keep_alive=connections.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn types it int; a float works
         ws="none",  # no WebSocket route: an Upgrade request is answered as HTTP, its errors in JSON
     )

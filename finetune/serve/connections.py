@@ -12,9 +12,12 @@ stays open for ever, and enough of them use up the process's file descriptors.
 - a **cap on open connections**: past ``max_connections`` a new connection
   gets a 503 and is closed at once (uvicorn's ``limit_concurrency`` counts
   only requests, and answers in plain text);
+- **a chunk too large** for the body limit: a chunked body whose chunk's
+  declared size takes it past ``max_body_bytes`` gets its 413 at once, not
+  after the body timeout;
 - **JSON errors** for what the app never sees: the 408 of a timeout, the 503
-  of the cap, and the 400 of a request that is not HTTP (uvicorn writes plain
-  text). uvicorn does not pass on which part h11 found malformed, so that 400
+  of the cap, the 413 of a chunk too large, and the 400 of a request that is
+  not HTTP (uvicorn writes plain text). uvicorn does not pass on which part h11 found malformed, so that 400
   says only that the request is not valid HTTP/1.1.
 
 A connection that sent nothing is closed without an answer; a half-sent one
@@ -49,11 +52,13 @@ class ConnectionLimits:
     max_connections: int = 256
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
+def guarded_protocol(limits: ConnectionLimits, max_body_bytes: int | None = None) -> type[H11Protocol]:
     """uvicorn's h11 protocol class with ``limits``' timeouts and cap, and JSON for its own errors.
 
     Give it to ``uvicorn.Config(http=...)``; the keep-alive timeout is
     uvicorn's own ``timeout_keep_alive``, which ``Config`` takes separately.
+    With ``max_body_bytes``, a chunked body that declares a chunk taking it past
+    the limit gets its 413 as soon as the chunk's size is read.
     """
 
     class GuardedH11Protocol(H11Protocol):
@@ -63,6 +68,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
             self._read_timer: asyncio.TimerHandle | None = None
             self._read_timer_part = ""
             super().connection_made(transport)
+            self._body_bytes = 0  # of the request being read, as h11 hands them on
+            self._count_body_bytes()
             # This connection is counted already: the cap is on the others.
             if len(self.connections) > limits.max_connections:
                 logger.warning(
@@ -81,7 +88,55 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            self._follow_the_request()
+            if not self._refuse_a_chunk_too_large():
+                self._follow_the_request()
+
+        def _count_body_bytes(self) -> None:
+            """Count the body bytes h11 hands on, so a chunk's declared size can be added to them."""
+            next_event = self.conn.next_event
+
+            def counting_next_event() -> Any:
+                event = next_event()
+                if isinstance(event, h11.Request):
+                    self._body_bytes = 0
+                elif isinstance(event, h11.Data):
+                    self._body_bytes += len(event.data)
+                return event
+
+            self.conn.next_event = counting_next_event  # type: ignore[method-assign]
+
+        def _refuse_a_chunk_too_large(self) -> bool:
+            """A 413 now for a chunk whose declared size takes the body past ``max_body_bytes``.
+
+            The app counts a body as it arrives, so a client declaring a chunk of a terabyte and
+            sending a few bytes held the connection until the body timeout, then got a 408.
+            """
+            # h11 keeps the bytes of the chunk still to come on its chunked reader (h11 0.14-0.16). A body of a
+            # declared Content-Length is the app's to refuse (BodySizeLimit), after reading what it can of it.
+            reader = getattr(self.conn, "_reader", None)
+            if max_body_bytes is None or type(reader).__name__ != "ChunkedReader" or self.transport.is_closing():
+                return False
+            remaining = getattr(reader, "_bytes_in_chunk", 0)
+            # Only a chunk still to come: chunks already read past the limit are the app's to refuse, as above.
+            if self.conn.their_state is not h11.SEND_BODY or not remaining:
+                return False
+            if self._body_bytes + remaining <= max_body_bytes:
+                return False
+            self._stop_timing()
+            chunk = f"a chunk of {self._body_bytes + remaining:,} bytes"
+            if self.cycle is not None:
+                # The app waits on the body: it logs the one line, with this reason, when it sees the client gone.
+                reason = f"its body declared {chunk}, more than --max_body_bytes {max_body_bytes:,}"
+                self.cycle.scope[CLOSED_BECAUSE] = reason  # type: ignore[literal-required]
+                if self.cycle.response_started:
+                    self.transport.close()
+                    return True
+            self._answer_and_close(
+                413,
+                f"the body has {chunk}, more than the limit of {max_body_bytes:,}; send fewer reviews per request, "
+                "or start the server with a larger --max_body_bytes",
+            )
+            return True
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -172,7 +227,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     return GuardedH11Protocol
 
 
-_REASONS = {400: "Bad Request", 408: "Request Timeout", 503: "Service Unavailable"}
+_REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large", 503: "Service Unavailable"}
 
 
 def _address(client: Any) -> str:
