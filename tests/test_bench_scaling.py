@@ -242,3 +242,25 @@ def test_a_failed_run_is_one_line_naming_its_size(tmp_path, tiny_model_dir, caps
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: the run on 85 reviews failed: the column 'review' is missing"
     )
+
+
+def test_synthetic_reviews_past_the_cap_are_refused_up_front_saying_the_cost(capsys, monkeypatch):
+    """``--synthetic 1000000000`` started writing about 350 GB of reviews without a word (issue 73)."""
+    import tempfile
+
+    made = []
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *args, **kwargs: made.append(args) or "/nonexistent")
+    assert run_cli(["bench", "--scaling", "--synthetic", "1000000000"], capsys) == (
+        "error: --synthetic 1,000,000,000 would write about 351 GB of reviews (about 21 h) before the first run; "
+        "the most is 10,000,000 (about 3.5 GB); try --synthetic 200000"
+    )
+    assert made == []  # refused before any work folder was made
+
+
+def test_synthetic_reviews_under_the_cap_say_their_cost_first(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    import finetune.bench.scaling as scaling
+
+    monkeypatch.setattr(scaling, "_run_sizes", lambda *args: (_ for _ in ()).throw(SystemExit(0)))
+    with pytest.raises(SystemExit):
+        scaling.bench_scaling(None, ["--model_name_or_path", str(tiny_model_dir)], synthetic=5000)
+    assert "writing 5,000 synthetic reviews: about 1.8 MB of reviews (under a second)" in capsys.readouterr().err

@@ -255,7 +255,7 @@ def read_recipe_file(recipe_path: str) -> dict[str, Any]:
     """The recipe file's keys and values as YAML reads them (checked: found, UTF-8, no key twice, a mapping)."""
     path = Path(recipe_path)
     if not path.is_file():
-        raise FinetuneError(f"recipe not found: {recipe_path}; check the path (recipes live in recipes/*.yaml)")
+        _refuse_recipe_path(path, recipe_path)
     data = path.read_bytes()
     problem = encoding_problem(data)
     if problem is not None:
@@ -282,9 +282,44 @@ def read_recipe_file(recipe_path: str) -> dict[str, Any]:
         return {}
     if not isinstance(loaded, dict):
         raise FinetuneError(
-            f"recipe {recipe_path} must be a mapping of 'key: value' lines, not a {type(loaded).__name__}"
+            f"recipe {recipe_path} holds {_what_yaml_holds(loaded)}, not settings; a recipe is a mapping of keys to "
+            "values, one 'key: value' per line, e.g. learning_rate: 5e-5"
         )
     return loaded
+
+
+def _refuse_recipe_path(path: Path, recipe_path: str) -> None:
+    """Say what a recipe path that is no regular file is: missing, a folder, a device, a pipe, a socket."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        raise FinetuneError(f"recipe not found: {recipe_path}; check the path (recipes live in recipes/*.yaml)")
+    if stat.S_ISDIR(mode):
+        what = "is a folder, not a recipe file"
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        what = "is a device, not a recipe file"
+    elif stat.S_ISFIFO(mode):
+        # Reading a pipe no one writes to would wait for ever; a recipe is read more than once besides.
+        what = "is a pipe, not a recipe file"
+    else:
+        what = "is a socket or other special file, not a recipe file"
+    raise FinetuneError(f"recipe {recipe_path} {what}; pass a recipe YAML file, e.g. recipes/quickstart.yaml")
+
+
+def _what_yaml_holds(value: Any) -> str:
+    """A YAML document that is no mapping, in words: ``a number (42)``, ``a list``, ``text ('just words')``."""
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    if isinstance(value, bool):
+        return f"a yes/no value ({shown})"
+    if isinstance(value, (int, float)):
+        return f"a number ({shown})"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"text ({shown})"
+    return f"a {type(value).__name__} ({shown})"
 
 
 def _resolve_aliases(values: dict[str, Any], where: str) -> dict[str, Any]:
@@ -384,5 +419,7 @@ def _explain_argparse_error(message: str) -> str:
     if message.startswith("argument "):
         names, _, problem = message[len("argument ") :].partition(": ")
         field_name = names.split("/")[0].lstrip("-")
+        # transformers' boolean message ends in a full stop, which the fix would follow as ".;".
+        problem = problem.rstrip(". ")
         return f"{field_name}: {problem}; fix it in the recipe or pass --{field_name} with a valid value"
     return message

@@ -76,3 +76,27 @@ def say_data_report(inputs: RunInputs, distillation: Any, args: Any) -> None:
     if args.should_log:
         notes = distillation.notes if distillation else []
         print("\n".join(inputs.data.report.summary_lines() + notes), file=sys.stderr)
+        _warn_if_reviews_exceed_the_token_budget(inputs, args)
+
+
+def _warn_if_reviews_exceed_the_token_budget(inputs: RunInputs, args: Any) -> None:
+    """Say once when ``micro_batch_tokens`` is below the longest training review.
+
+    A review is never split, so each one longer than the budget becomes a micro-batch of its own,
+    over the budget: ``--micro_batch_tokens 1`` trained one review at a time without a word.
+    """
+    budget = getattr(args, "micro_batch_tokens", None)
+    if budget is None or budget >= inputs.encoding.max_length or "train" not in inputs.encoded:
+        return  # no review is longer than max_length tokens
+    if "length" not in inputs.encoded["train"].column_names:
+        return
+    lengths = inputs.encoded["train"]["length"]
+    over = sum(1 for length in lengths if length > budget)
+    if over:
+        longest = max(lengths)
+        print(
+            f"warning: micro_batch_tokens {budget} is below the longest training review ({longest} tokens): "
+            f"{over:,} of {len(lengths):,} reviews are each a micro-batch of its own, over the budget; set "
+            f"--micro_batch_tokens {longest} or more",
+            file=sys.stderr,
+        )

@@ -417,3 +417,55 @@ def test_a_recipe_flag_given_twice_is_refused_as_a_recipe_key_given_twice(
 def test_a_command_flag_given_twice_is_refused(tiny_model_dir, capsys):
     error = run_cli(["predict", tiny_model_dir, "--batch_size", "2", "--batch_size", "3"], capsys)
     assert error == "error: --batch_size is given twice (--batch_size 2, then --batch_size 3); give it once"
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [("folder", "is a folder, not a recipe file"), ("device", "is a device"), ("pipe", "is a pipe")],
+)
+def test_a_recipe_path_that_is_no_file_says_what_it_is(tmp_path, capsys, kind, says):
+    """A folder, /dev/null or a FIFO was "recipe not found" (issue 73)."""
+    import os
+
+    path = {"folder": tmp_path, "device": "/dev/null", "pipe": tmp_path / "fifo"}[kind]
+    if kind == "pipe":
+        os.mkfifo(path)
+    error = run_cli(["train", path], capsys)
+    assert error.startswith(f"error: recipe {path} {says}") and "not found" not in error, error
+    assert "pass a recipe YAML file" in error
+
+
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [("42\n", "a number (42)"), ("- a\n- b\n", "a list"), ("just words\n", "text ('just words')")],
+    ids=["number", "list", "text"],
+)
+def test_a_recipe_that_is_no_mapping_says_what_a_recipe_is(tmp_path, capsys, content, what):
+    """``42`` was "must be a mapping of 'key: value' lines, not a int" (issue 73)."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(content)
+    assert run_cli(["train", recipe], capsys) == (
+        f"error: recipe {recipe} holds {what}, not settings; a recipe is a mapping of keys to values, one "
+        "'key: value' per line, e.g. learning_rate: 5e-5"
+    )
+
+
+def test_a_bad_boolean_reads_as_one_sentence(tmp_path, tiny_model_dir, capsys):
+    """It ended in "(case insensitive).; fix it" (issue 73)."""
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    error = run_cli(["train", recipe_with(tmp_path, tiny_model_dir), "--fp16", "maybe"], capsys)
+    assert error.endswith("1/0 (case insensitive); fix it in the recipe or pass --fp16 with a valid value"), error
+    assert ".;" not in error
+
+
+def test_a_token_budget_below_the_longest_review_is_said_once(tmp_path, tiny_model_dir, capsys):
+    """``--micro_batch_tokens 1`` trained with every micro-batch over its budget, without a word (issue 73)."""
+    from finetune.cli import main
+
+    write_csv(tmp_path / "train.csv", GOOD_ROWS)
+    recipe = recipe_with(tmp_path, tiny_model_dir, max_steps=1, save_strategy="no", baseline="false", report_to="none")
+    assert main(["train", str(recipe), "--micro_batch_tokens", "1", "--disable_tqdm", "true"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "micro_batch_tokens" in line]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("warning: micro_batch_tokens 1 is below the longest training review (")
+    assert "each a micro-batch of its own, over the budget; set --micro_batch_tokens" in warnings[0]
