@@ -19,7 +19,11 @@ const els = {
 };
 // A spreadsheet runs a cell starting with these as a formula; such a cell is written after a ' (OWASP),
 // and read back without it, as finetune/config/csv_cells.py does for `finetune predict`.
-const FORMULA_STARTS = ["=", "+", "-", "@", "\t", "\r"];
+const FORMULA_STARTS = ["=", "+", "-", "@", "\t", "\r", "\n", "\0"];
+// A formula's sign counts in its fullwidth form too, and after what a reader trims or does not show:
+// whitespace, a byte-order mark, zero-width characters, NUL (the same class as csv_cells.py's).
+const FORMULA_SIGNS = ["=", "+", "-", "@", "\uff1d", "\uff0b", "\uff0d", "\uff20"];
+const HIDDEN_LEAD = /^[\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff\x00]*/;
 let classes = [];
 let maxReviews = 64; // per request; /info gives the server's limit
 let results = [];
@@ -75,7 +79,8 @@ function parseDelimited(text, delimiter) {
 
 // Whether a cell starts a formula, counting one behind leading quotes (so a review's own '=x keeps its quote).
 function needsGuard(text) {
-  return FORMULA_STARTS.includes(text.replace(/^'+/, "").charAt(0));
+  const unquoted = text.replace(/^'+/, "");
+  return FORMULA_STARTS.includes(unquoted.charAt(0)) || FORMULA_SIGNS.includes(unquoted.replace(HIDDEN_LEAD, "").charAt(0));
 }
 
 function unguard(cell) {
