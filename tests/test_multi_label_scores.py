@@ -53,10 +53,12 @@ def test_a_tag_never_predicted_counts_against_macro_f1():
 
 
 def brute_force_threshold(scores: np.ndarray, truth: np.ndarray) -> float:
-    """The best F1 over a fine grid, for comparison: the tuned threshold must reach it."""
+    """The best F1 over every threshold that changes a prediction (each score itself), for comparison."""
     best = 0.0
-    for threshold in np.linspace(0, 1.0001, 2001):
-        best = max(best, f1_score(truth, scores >= threshold, zero_division=0))
+    for threshold in [*scores, 1.0001]:
+        predicted = scores >= threshold
+        found = (predicted & truth).sum()
+        best = max(best, 2 * found / (predicted.sum() + truth.sum()))
     return best
 
 
