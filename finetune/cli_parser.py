@@ -31,6 +31,14 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    # Set on a command that takes recipe fields: its --help lists them after its own options.
+    lists_recipe_fields = False
+
+    def format_help(self) -> str:
+        """argparse's help, then (for a command that takes them) every recipe field, from the recipe's dataclasses."""
+        text = super().format_help()
+        return text + "\n" + recipe_fields_help() if self.lists_recipe_fields else text
+
     def error(self, message: str) -> None:
         # prog is the full command, e.g. "finetune data fetch", so the hint names the right --help.
         raise FinetuneError(f"{message}; see '{self.prog} --help'")
@@ -79,8 +87,9 @@ def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command], 
     subparsers = parser.add_subparsers(dest=dest, metavar=metavar, required=True, parser_class=_Parser)
     for command in commands:
         subparser = subparsers.add_parser(
-            command.name, help=command.help, description=command.description, add_help=command.add_help
+            command.name, help=command.help, description=command.description, usage=command.usage
         )
+        subparser.lists_recipe_fields = command.takes_recipe_fields
         if command.subcommands:
             # The names as metavar, so a missing one reads "required: {list,fetch}", not "required: data_command".
             names = "{" + ",".join(sub.name for sub in command.subcommands) + "}"
@@ -88,6 +97,18 @@ def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command], 
         else:
             add_options(subparser, command.options)
             subparser.set_defaults(**{CHOSEN: command})
+
+
+def recipe_fields_help() -> str:
+    """Every field a recipe (or a flag after the command's own) may set, with its help, grouped by dataclass."""
+    from .config.recipes import build_parser as build_recipe_parser
+
+    recipe_parser = build_recipe_parser()
+    formatter = recipe_parser._get_formatter()  # argparse's own formatting, as its format_help uses
+    formatter.start_section("recipe fields (each also a flag: --field value)")
+    formatter.add_arguments([action for action in recipe_parser._actions if action.dest != "help"])
+    formatter.end_section()
+    return formatter.format_help()
 
 
 def add_options(parser: argparse.ArgumentParser, options: type) -> None:

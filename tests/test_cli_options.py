@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 
 import pytest
 
@@ -112,3 +113,41 @@ def test_build_cli_lists_every_registered_command_in_order():
         "train", "distill", "check", "evaluate", "baseline", "tune", "predict", "export", "serve", "bench", "data",
         "model",
     ]  # fmt: skip
+
+
+RECIPE_COMMANDS = {
+    # command line: what its own options show, declared in its options module
+    "train --help": ("--seeds N", "--folds K", "finetune train --train_file FILE"),
+    "train recipes/quickstart.yaml --help": ("--seeds N",),
+    "distill --help": ("teacher", "--seeds N", "usage: finetune distill TEACHER_RUN RECIPE"),
+    "tune --help": ("--trials TRIALS", "recipe"),
+    "check --help": ("--teacher RUN", "dataset"),
+}
+
+
+@pytest.mark.parametrize("line", RECIPE_COMMANDS, ids=RECIPE_COMMANDS.keys())
+def test_a_command_taking_recipe_fields_lists_them_after_its_own_options(line, capsys):
+    from finetune.cli import main
+    from finetune.config.recipes import ALIASES, valid_keys
+
+    with pytest.raises(SystemExit) as exited:
+        main(line.split())
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    for own in RECIPE_COMMANDS[line]:
+        assert own in shown, own
+    recipe_part = shown.partition("recipe fields (each also a flag: --field value):")[2]
+    assert recipe_part, "no recipe fields listed"
+    # Every field a recipe may set is listed, from the recipe's dataclasses (aliases such as n_accumulate aside).
+    listed = set(re.findall(r"^  --(\w+)", recipe_part, flags=re.MULTILINE))
+    assert {"learning_rate", "gradient_accumulation_steps", "train_file", "model_name_or_path"} <= listed
+    assert valid_keys() - set(ALIASES) <= listed
+
+
+def test_no_command_prints_its_help_by_hand():
+    # Help is argparse's, generated from the declarations: no options module writes usage text itself.
+    from pathlib import Path
+
+    options = Path(__file__).parent.parent / "finetune" / "commands" / "options"
+    printing = [path.name for path in options.glob("*.py") if re.search(r"print\(\s*[\"']usage", path.read_text())]
+    assert printing == []

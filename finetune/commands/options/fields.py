@@ -57,7 +57,8 @@ class Command:
     options: type | None = None
     run: Callable[[Any, list[str]], None] | None = None
     description: str | None = None
-    # train and distill print their own help, which adds the recipe's fields to theirs.
-    add_help: bool = True
+    # The usage line where argparse's would not say it (a recipe that is no declared argument, two forms).
+    usage: str | None = None
+    # Recipe fields ride in ``extra``; ``--help`` lists them after the command's own options.
     takes_recipe_fields: bool = False
     subcommands: tuple[Command, ...] = ()

@@ -13,9 +13,17 @@ from .values import positive_int
 class TrainOptions:
     """The options of ``finetune train`` itself; the recipe and its fields travel in ``extra``."""
 
-    seeds: int | None = option(type=positive_int, help="train once per seed and report mean and standard deviation")
+    seeds: int | None = option(
+        type=positive_int,
+        metavar="N",
+        help="train once per seed (seed, seed+1, ...) into OUTPUT_DIR/seed-<seed>; report the mean and standard "
+        "deviation of the test scores",
+    )
     folds: int | None = option(
-        type=positive_int, help="cross-validate on the train split in K folds (the test split is not used)"
+        type=positive_int,
+        metavar="K",
+        help="cross-validate on the train split: K runs into OUTPUT_DIR/fold-<k>, each scored on the fold it did "
+        "not train on; the test split is not used",
     )
 
 
@@ -25,9 +33,6 @@ def run(options: TrainOptions, extra: list[str]) -> None:
     # (argparse would take the first flag's value, "reviews.csv" in "--train_file reviews.csv", as it).
     recipe = extra[0] if extra and not extra[0].startswith("-") else None
     extra = extra[1:] if recipe is not None else extra
-    if "-h" in extra or "--help" in extra:
-        _print_help()
-        return
     if options.seeds is not None and options.folds is not None:
         raise FinetuneError("--seeds and --folds cannot be combined; cross-validate with --folds, then --seeds")
     from ...pipeline.own_reviews import flags_without_recipe, needs_no_recipe, refuse_data_file_as_recipe
@@ -50,24 +55,14 @@ def run(options: TrainOptions, extra: list[str]) -> None:
     train(recipe, extra)
 
 
-def _print_help() -> None:
-    # train's own two flags, then every recipe field (argparse knows only the first).
-    from ...config.recipes import build_parser
-
-    print("usage: finetune train RECIPE [--seeds N | --folds K] [--field value ...]")
-    print("       finetune train --train_file FILE --text_column TEXT --label_column LABEL [--field value ...]\n")
-    print("  --seeds N  train once per seed (seed, seed+1, ...) into OUTPUT_DIR/seed-<seed>;")
-    print("             report the mean and standard deviation of the test scores")
-    print("  --folds K  cross-validate on the train split: K runs into OUTPUT_DIR/fold-<k>, each scored on")
-    print("             the fold it did not train on; the test split is not used\n")
-    build_parser().print_help()
-
-
 COMMAND = Command(
     "train",
     help="train from a recipe; any recipe field can be overridden with --field value",
     options=TrainOptions,
     run=run,
-    add_help=False,
+    usage=(
+        "finetune train RECIPE [--seeds N | --folds K] [--field value ...]\n"
+        "       finetune train --train_file FILE --text_column TEXT --label_column LABEL [--field value ...]"
+    ),
     takes_recipe_fields=True,
 )
