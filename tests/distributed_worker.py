@@ -63,6 +63,7 @@ TOKEN_LEVEL_CASES = {
     "token-classifier-partial-window": ("token-classifier", 17, 2, 2, None),
     "multi-label-partial-window": ("multi-label", 17, 2, 2, None),
     "multi-label-token-budget-packed": ("multi-label", 17, 3, 2, 40, True),
+    "rating-regression-partial-window": ("rating-regression", 17, 2, 2, None),
 }
 # Coverage runs: dropout on (so ranks' random streams differ), 3 epochs of shuffled order.
 COVERAGE_SAMPLES = 21

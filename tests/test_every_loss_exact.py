@@ -1,9 +1,10 @@
-"""Contract 10: every loss counts its own items, so token-level and multi-label losses are exact too.
+"""Contract 10: every loss counts its own items, so token-level, multi-label and rating losses are exact too.
 
 A causal LM's loss is a mean over its labelled next tokens and a token
 classifier's over its labelled tokens, not over rows; a multi-label
 classifier's binary cross-entropy is a mean over reviews of each review's
-mean over its tags. The reference here is
+mean over its tags, and a rating regressor's squared error a mean over
+reviews. The reference here is
 plain PyTorch, independent of the trainer: each window's samples collated
 into one batch, the model's own loss on it (its mean over the window's
 items), one SGD(lr=1) step. ReviewTrainer must match it at every split of a
@@ -97,6 +98,34 @@ def tag_classifier() -> BertForSequenceClassification:
     return BertForSequenceClassification(config)
 
 
+def rating_regressor() -> BertForSequenceClassification:
+    """A 2-layer BERT of hidden size 16 that predicts a star rating as one number (mean squared error)."""
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+        num_labels=1,
+        problem_type="regression",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return BertForSequenceClassification(config)
+
+
+def rated_rows(count: int, seed: int) -> datasets.Dataset:
+    """Reviews of 2 to 14 tokens, each with a star rating from 1.0 to 5.0."""
+    rng = random.Random(seed)
+    rows = {"input_ids": [], "labels": []}
+    for _ in range(count):
+        rows["input_ids"].append([rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 14))])
+        rows["labels"].append(float(rng.randint(1, 5)))
+    return datasets.Dataset.from_dict(rows)
+
+
 def review_tag_rows(count: int, seed: int) -> datasets.Dataset:
     """Reviews of 2 to 14 tokens, each with 3 yes/no tags (0.0 or 1.0); one review has no tag, a valid row."""
     rng = random.Random(seed)
@@ -143,12 +172,12 @@ def pad_rows(features: list[dict]) -> dict[str, torch.Tensor]:
 
     input_ids = [feature["input_ids"] for feature in features]
     labels = [feature["labels"] for feature in features]
-    # A review's tags are one row of floats; token labels run along the tokens and are padded.
-    tags = isinstance(labels[0][0], float)
+    # A rating is one float and a review's tags one row of floats; token labels run along the tokens, padded.
+    per_review = isinstance(labels[0], float) or isinstance(labels[0][0], float)
     return {
         "input_ids": padded(input_ids, PAD),
         "attention_mask": padded([[1] * len(ids) for ids in input_ids], 0),
-        "labels": torch.tensor(labels) if tags else padded(labels, IGNORED),
+        "labels": torch.tensor(labels) if per_review else padded(labels, IGNORED),
     }
 
 
@@ -156,6 +185,7 @@ FAMILIES = {
     "causal-lm": (causal_lm, causal_rows),
     "token-classifier": (token_classifier, tagged_rows),
     "multi-label": (tag_classifier, review_tag_rows),
+    "rating-regression": (rating_regressor, rated_rows),
 }
 
 
