@@ -154,29 +154,11 @@ def write_run_report(
     write_history_csv(rows, folder / "history.csv")
 
     batch = effective_batch(args)
-    heading = f"recipe {recipe_name(recipe)}, {batch_caption(batch)}"
-    # Updates are the x axis; epochs run in proportion to them (exactly at each epoch's end).
-    epochs_per_update = state.epoch / state.global_step if state.global_step and state.epoch else None
     update_rows = [row for row in rows if row["kind"] == "update"]
     evaluation_rows = [row for row in rows if row["kind"] == "evaluation"]
     warmup_updates = args.get_warmup_steps(state.max_steps) if state.max_steps else 0
-
-    pictures = {
-        "loss.png": "training loss per logged update and evaluation loss per evaluation (history.csv)",
-        "lr.png": "learning rate of every update, as stepped (history.csv, learning_rate)",
-        "grad_norm.png": "gradient norm before clipping, per logged update (history.csv, grad_norm)",
-    }
-    plot_loss(
-        folder / "loss.png",
-        update_rows,
-        evaluation_rows,
-        heading,
-        _loss_interval(args, state, update_rows),
-        weighted=getattr(args, "class_weighting", "none") != "none",
-        epochs_per_update=epochs_per_update,
-    )
-    plot_learning_rate(folder / "lr.png", update_rows, heading, warmup_updates, epochs_per_update)
-    plot_grad_norm(folder / "grad_norm.png", update_rows, heading, args.max_grad_norm, epochs_per_update)
+    heading = f"recipe {recipe_name(recipe)}, {batch_caption(batch)}"
+    pictures = _draw_training(folder, args, state, update_rows, evaluation_rows, heading, warmup_updates)
     if test_report is not None and test_report.get("confusion_matrix") is not None:
         plot_confusion_matrix(
             folder / "confusion_matrix_test.png",
@@ -206,6 +188,36 @@ def write_run_report(
     }
     write_output_text(folder / "metrics.json", json.dumps(metrics, indent=2, default=str) + "\n")
     return folder
+
+
+def _draw_training(
+    folder: Path,
+    args: TrainingArguments,
+    state: TrainerState,
+    update_rows: Sequence[dict[str, Any]],
+    evaluation_rows: Sequence[dict[str, Any]],
+    heading: str,
+    warmup_updates: int,
+) -> dict[str, str]:
+    """The loss, learning-rate and gradient-norm pictures of a run in ``folder``; each picture's caption by name."""
+    # Updates are the x axis; epochs run in proportion to them (exactly at each epoch's end).
+    epochs_per_update = state.epoch / state.global_step if state.global_step and state.epoch else None
+    plot_loss(
+        folder / "loss.png",
+        update_rows,
+        evaluation_rows,
+        heading,
+        _loss_interval(args, state, update_rows),
+        weighted=getattr(args, "class_weighting", "none") != "none",
+        epochs_per_update=epochs_per_update,
+    )
+    plot_learning_rate(folder / "lr.png", update_rows, heading, warmup_updates, epochs_per_update)
+    plot_grad_norm(folder / "grad_norm.png", update_rows, heading, args.max_grad_norm, epochs_per_update)
+    return {
+        "loss.png": "training loss per logged update and evaluation loss per evaluation (history.csv)",
+        "lr.png": "learning rate of every update, as stepped (history.csv, learning_rate)",
+        "grad_norm.png": "gradient norm before clipping, per logged update (history.csv, grad_norm)",
+    }
 
 
 def add_to_run_metrics(report_dir: str | Path, key: str, value: Any) -> None:

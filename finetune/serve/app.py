@@ -18,7 +18,7 @@ import json
 import logging
 import secrets
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -149,45 +149,110 @@ def create_app(
     and with ``reload_on_change`` the model is loaded again (:mod:`.watch`).
     ``connections`` are the timeouts and cap the server runs with (:mod:`.connections`), for ``/info``.
     """
-    limits = limits or ServeLimits()
-    batching = batching or BatchSettings()
-    connections = connections or ConnectionLimits()
-    live = LiveModel(served, reload_on_change)
-    # One thread runs the model: torch already spreads one call over the cores, and two calls would fight for them.
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
-    # Through live: a model reloaded on change answers the next call.
-    predictions = Batcher(
-        lambda texts: live.served.predict(texts), executor, batching.max_batch_size, batching.max_wait_ms / 1000
+    serving = _Serving.start(
+        served,
+        limits or ServeLimits(),
+        batching or BatchSettings(),
+        connections or ConnectionLimits(),
+        on_bad_text,
+        reload_on_change,
+        _token_check(token),
     )
-    explanations = Batcher(
-        lambda texts: live.served.explain(texts), executor, batching.max_batch_size, batching.max_wait_ms / 1000
+    app = FastAPIOffline(
+        title="finetune serve",
+        description=f"The review classifier in {served.model_dir}: labels, class probabilities, the words behind them.",
+        version="1",
+        lifespan=serving.lifespan,
+        static_url="/static-docs",
     )
+    app.add_middleware(BodySizeLimit, max_body_bytes=serving.limits.max_body_bytes)
+    app.add_middleware(HeadAsGet)
+    _add_error_handlers(app)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    _add_page_and_info_routes(app, serving)
+    _add_model_routes(app, serving)
+    return app
+
+
+@dataclass
+class _Serving:
+    """What the routes share: the live model, the one thread that runs it, its batchers, and the server's settings."""
+
+    live: LiveModel
+    executor: ThreadPoolExecutor
+    predictions: Batcher
+    explanations: Batcher
+    limits: ServeLimits
+    batching: BatchSettings
+    connections: ConnectionLimits
+    on_bad_text: str
+    check_token: Callable[[Request], None]
+
+    @classmethod
+    def start(
+        cls,
+        served: ServedModel,
+        limits: ServeLimits,
+        batching: BatchSettings,
+        connections: ConnectionLimits,
+        on_bad_text: str,
+        reload_on_change: bool,
+        check_token: Callable[[Request], None],
+    ) -> _Serving:
+        """The live model, its thread and batchers (started with the app, in :meth:`lifespan`)."""
+        live = LiveModel(served, reload_on_change)
+        # One thread runs the model: torch already spreads one call over the cores, and two calls would fight for them.
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        wait = batching.max_wait_ms / 1000
+        # Through live: a model reloaded on change answers the next call.
+        predictions = Batcher(lambda texts: live.served.predict(texts), executor, batching.max_batch_size, wait)
+        explanations = Batcher(lambda texts: live.served.explain(texts), executor, batching.max_batch_size, wait)
+        return cls(live, executor, predictions, explanations, limits, batching, connections, on_bad_text, check_token)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        predictions.start()
-        explanations.start()
-        watch = asyncio.get_running_loop().create_task(live.watch(executor))
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Start the batchers and the watch of the model's files; at the end, stop them and the model's thread."""
+        self.predictions.start()
+        self.explanations.start()
+        watch = asyncio.get_running_loop().create_task(self.live.watch(self.executor))
         yield
         # uvicorn runs this after the requests in flight are answered (SIGTERM, Ctrl-C).
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watch
-        await predictions.stop()
-        await explanations.stop()
-        executor.shutdown(wait=True)
+        await self.predictions.stop()
+        await self.explanations.stop()
+        self.executor.shutdown(wait=True)
 
-    app = FastAPIOffline(
-        title="finetune serve",
-        description=f"The review classifier in {served.model_dir}: labels, class probabilities, the words behind them.",
-        version="1",
-        lifespan=lifespan,
-        static_url="/static-docs",
-    )
-    app.add_middleware(BodySizeLimit, max_body_bytes=limits.max_body_bytes)
-    app.add_middleware(HeadAsGet)
-    _add_error_handlers(app)
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    def info(self) -> dict[str, Any]:
+        """What ``/info`` answers: the model, its files, the server's limits and what it has served."""
+        served = self.live.served
+        return {
+            "model_dir": str(served.model_dir),
+            "classes": served.class_names,
+            "base_model": served.base_model,
+            "backend": served.backend,
+            "test": served.test_scores,
+            "explain": served.why_not_explainable is None,
+            "model_files": self.live.info(),
+            "limits": asdict(self.limits),
+            "connections": asdict(self.connections),
+            "on_bad_text": self.on_bad_text,
+            "batching": asdict(self.batching),
+            "threads": torch.get_num_threads(),
+            "served": {
+                route: {
+                    "model_calls": batcher.model_calls,
+                    "reviews": batcher.reviews_scored,
+                    "largest_batch": batcher.largest_batch,
+                }
+                for route, batcher in (("predict", self.predictions), ("explain", self.explanations))
+            },
+        }
+
+
+def _token_check(token: str | None) -> Callable[[Request], None]:
+    """A check that refuses a request without the server's token (none without one)."""
 
     def check_token(request: Request) -> None:
         if token is None:
@@ -199,6 +264,12 @@ def create_app(
         if not secrets.compare_digest(given.strip().encode(), token.encode()):
             raise RequestProblem(401, "wrong token; send the token the server was started with (--token)")
 
+    return check_token
+
+
+def _add_page_and_info_routes(app: FastAPI, serving: _Serving) -> None:
+    """``/`` (the page), ``/health`` and ``/info``."""
+
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html")
@@ -209,30 +280,12 @@ def create_app(
 
     @app.get("/info", summary="The model: classes, base model, test scores, limits")
     async def info(request: Request) -> dict[str, Any]:
-        check_token(request)
-        served = live.served
-        return {
-            "model_dir": str(served.model_dir),
-            "classes": served.class_names,
-            "base_model": served.base_model,
-            "backend": served.backend,
-            "test": served.test_scores,
-            "explain": served.why_not_explainable is None,
-            "model_files": live.info(),
-            "limits": asdict(limits),
-            "connections": asdict(connections),
-            "on_bad_text": on_bad_text,
-            "batching": asdict(batching),
-            "threads": torch.get_num_threads(),
-            "served": {
-                route: {
-                    "model_calls": batcher.model_calls,
-                    "reviews": batcher.reviews_scored,
-                    "largest_batch": batcher.largest_batch,
-                }
-                for route, batcher in (("predict", predictions), ("explain", explanations))
-            },
-        }
+        serving.check_token(request)
+        return serving.info()
+
+
+def _add_model_routes(app: FastAPI, serving: _Serving) -> None:
+    """``/predict`` and ``/explain``: reviews in, labels (and the words behind them) out, batched."""
 
     @app.post(
         "/predict",
@@ -241,10 +294,10 @@ def create_app(
         openapi_extra=_request_body(ReviewsRequest),
     )
     async def predict(request: Request) -> dict[str, Any]:
-        check_token(request)
-        body = await _read_body(request, ReviewsRequest, limits, on_bad_text)
-        texts = _model_inputs(live.served, body.reviews)
-        return {"results": await predictions.submit(texts)}
+        serving.check_token(request)
+        body = await _read_body(request, ReviewsRequest, serving.limits, serving.on_bad_text)
+        texts = _model_inputs(serving.live.served, body.reviews)
+        return {"results": await serving.predictions.submit(texts)}
 
     @app.post(
         "/explain",
@@ -253,12 +306,12 @@ def create_app(
         openapi_extra=_request_body(ExplainRequest),
     )
     async def explain(request: Request) -> dict[str, Any]:
-        check_token(request)
-        body = await _read_body(request, ExplainRequest, limits, on_bad_text)
-        if live.served.why_not_explainable:
-            raise RequestProblem(501, live.served.why_not_explainable)
-        texts = _model_inputs(live.served, body.reviews)
-        explained = await explanations.submit(texts)
+        serving.check_token(request)
+        body = await _read_body(request, ExplainRequest, serving.limits, serving.on_bad_text)
+        if serving.live.served.why_not_explainable:
+            raise RequestProblem(501, serving.live.served.why_not_explainable)
+        texts = _model_inputs(serving.live.served, body.reviews)
+        explained = await serving.explanations.submit(texts)
         return {
             "results": [
                 {
@@ -271,8 +324,6 @@ def create_app(
                 for text, explanation in zip(texts, explained)
             ]
         }
-
-    return app
 
 
 def _word(word: Any) -> dict[str, Any]:
