@@ -159,6 +159,12 @@ def test_one_class_in_the_data_leaves_an_earlier_run_alone(tmp_path, tiny_model_
     ids=["list-label", "mapping-label", "list-review"],
 )
 def test_a_list_or_mapping_where_one_value_goes(tmp_path, tiny_model_dir, capsys, label_bins, row, message):
+    if isinstance(row["stars"], list) and label_bins == "null":
+        # Without label_bins a list label is a review's tags (a multi_label run): [1] is a tag that is no word.
+        message = (
+            "row 1: 'stars' holds 1 among its tags; a review's tags are a list of words, e.g. [price, delivery]: "
+            "write each tag as text"
+        )
     train = write_jsonl(tmp_path / "train.jsonl", [row, {**row}])
     before = earlier_run(tmp_path / "run")
     recipe = recipe_with(tmp_path, tiny_model_dir, train_file=str(train), label_bins=label_bins)

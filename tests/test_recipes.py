@@ -72,7 +72,7 @@ def test_n_accumulate_flag(tmp_path):
         ("n_accumulate: 2\ngradient_accumulation_steps: 2", "sets both n_accumulate and gradient_accumulation_steps"),
         ("eval_strategy: sometimes", "eval_strategy: invalid choice"),
         ("learning_rate: [1, 2", "is not valid YAML at line"),
-        ("- just\n- a list", "must be a mapping"),
+        ("- just\n- a list", "holds a list, not settings; a recipe is a mapping of keys to values"),
         ("label_bins: {a: [1, 3], b: [2, 4]}", "label_bins ranges overlap"),
         # Once accepted, keeping the last range: ratings of 4 fell outside every bin and were dropped.
         ("label_bins: 'negative=1-2,positive=4-5,positive=5'", "label_bins names 'positive' twice; give each"),

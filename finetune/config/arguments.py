@@ -114,6 +114,20 @@ class DataArguments:
         default=None,
         metadata={"help": "Class names in id order. Inferred (sorted) from the training labels when omitted."},
     )
+    task: Literal["single_label", "multi_label"] | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "What a review's label is: 'single_label' (one class, a softmax) or 'multi_label' (a set of tags, "
+                "a sigmoid each: a JSON list such as [price, delivery], or text split at label_separator). "
+                "Inferred from the label column when omitted: lists, or a label_separator, make it multi_label."
+            )
+        },
+    )
+    label_separator: str | None = field(
+        default=None,
+        metadata={"help": "Split a text label into tags at this separator (e.g. '|' in a CSV): a multi_label run."},
+    )
     label_bins: dict | str | None = field(
         default=None,
         metadata={
@@ -272,6 +286,7 @@ class DataArguments:
             validate_class_names(self.class_names)
         self._check_lengths()
         self._check_splits()
+        self._check_tags()
         validate_seed("split_seed", self.split_seed)
         if self.max_unlabeled is not None and self.max_unlabeled < 1:
             raise FinetuneError(
@@ -288,6 +303,27 @@ class DataArguments:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise FinetuneError(f"{name} must be >= 1 (got {value}); drop it to use every review")
+
+    def _check_tags(self) -> None:
+        """``task`` and ``label_separator`` agree with each other and with ``label_bins`` (ratings are one class)."""
+        if self.label_separator is not None and not self.label_separator.strip():
+            raise FinetuneError(
+                f"label_separator must be one or more visible characters (got {self.label_separator!r}); e.g. '|'"
+            )
+        if self.label_separator is not None and self.task == "single_label":
+            raise FinetuneError(
+                "label_separator splits a label into tags, and task is single_label; set task: multi_label "
+                "or drop label_separator"
+            )
+        if self.label_bins is not None and (self.task == "multi_label" or self.label_separator is not None):
+            raise FinetuneError(
+                "label_bins groups ratings into one class per review, and this run has several tags per review; "
+                "drop label_bins, or set task: single_label"
+            )
+        if self.sliding_window and (self.task == "multi_label" or self.label_separator is not None):
+            raise FinetuneError(
+                "sliding_window is for one label per review for now; drop sliding_window for a multi_label run"
+            )
 
     def _check_lengths(self) -> None:
         """``max_length`` and the token counts measured within it (head tokens, a sliding window's stride)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from .cleaning import clean_texts, join_title
 from .columns import column_values
 from .encoding import ReviewEncoding, encode_reviews
 from .sources import ROWS_WORTH_A_BAR, RawSplits, progress_bars, read_files, read_sources
+from .tags import holds_lists, is_multi_label, review_tags, tag_counts, tag_features, tag_names
 
 # Why a row is dropped, and how a message names it.
 EMPTY_TEXT = "empty text"
@@ -38,6 +40,8 @@ DROP_REASONS = (EMPTY_TEXT, MISSING_LABEL, OUTSIDE_BINS)
 CONVERSION_RULES = 3
 # What a cell of each column must hold, for the message about a list or mapping (JSON) in one.
 _A_LABEL = "a label must be one number or word, e.g. 5 or positive"
+# The same, where the recipe said task: single_label of a column of lists.
+_A_SINGLE_LABEL = f"{_A_LABEL} (task is single_label; for several tags per review set task: multi_label)"
 _A_REVIEW = "a review must be text"
 _A_TITLE = "a title must be text"
 # How many values of a text column of strings are looked at to tell one that holds only numbers.
@@ -102,6 +106,8 @@ class ReviewData:
     splits: datasets.DatasetDict
     label_names: list[str]
     report: DataReport
+    # Several tags per review: ``labels`` is a row of 0/1 floats per review, ``label_names`` the tags.
+    multi_label: bool = False
 
 
 def drawing_seed(split_seed: int | None, seed: int) -> int:
@@ -119,32 +125,36 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
     tables = {split: _subsample(table, split, data_args, seed) for split, table in raw.tables.items()}
     for split, table in tables.items():
         _check_columns(table, raw.origins[split], data_args)
-        _refuse_nested_values(table, raw, split, data_args)
-    _warn_numeric_text(tables["train"], raw.origins["train"], data_args.text_column)
-
-    label_names = resolve_label_names(tables["train"], raw.origins["train"], data_args)
+    multi_label, label_names = _labels_of(tables, raw, data_args)
     report = DataReport(source=raw.description)
     splits = datasets.DatasetDict()
     for split, table in tables.items():
-        splits[split], report.dropped[split] = _to_text_and_labels(table, raw, split, data_args, label_names)
+        splits[split], report.dropped[split] = _to_text_and_labels(
+            table, raw, split, data_args, label_names, multi_label
+        )
         report.rows_read[split] = len(table)
 
     # Both shares are of the source's whole train split.
     source_train_rows = len(splits["train"])
     if "test" not in splits and data_args.test_split_percentage:
         held_out = round(source_train_rows * data_args.test_split_percentage / 100)
-        splits = _hold_out(splits, "test", held_out, label_names, seed)
+        splits = _hold_out(splits, "test", held_out, label_names, seed, stratify=not multi_label)
     if data_args.cross_validation_folds is not None:
         # After the test split is drawn, so cross-validation never sees a review a normal run tests on.
         splits = _cross_validation_split(
-            splits, data_args.cross_validation_folds, data_args.cross_validation_fold, len(label_names), seed
+            splits,
+            data_args.cross_validation_folds,
+            data_args.cross_validation_fold,
+            len(label_names),
+            seed,
+            stratify=not multi_label,
         )
     if "validation" not in splits and data_args.validation_split_percentage:
         held_out = round(source_train_rows * data_args.validation_split_percentage / 100)
-        splits = _hold_out(splits, "validation", held_out, label_names, seed)
+        splits = _hold_out(splits, "validation", held_out, label_names, seed, stratify=not multi_label)
     if data_args.extra_train_file:
         # After every held-out split is drawn: the extra reviews train and are never validated or tested on.
-        extra = _extra_training_reviews(Path(data_args.extra_train_file), data_args, label_names)
+        extra = _extra_training_reviews(Path(data_args.extra_train_file), data_args, label_names, multi_label)
         splits["train"] = datasets.concatenate_datasets([splits["train"], extra])
         report.extra_train_reviews = len(extra)
     if data_args.title_as_review:
@@ -152,11 +162,27 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
         splits["train"], report.title_reviews = _with_titles_as_reviews(splits["train"])
     splits = splits.remove_columns("title")
     report.rows = {split: len(rows) for split, rows in splits.items()}
-    report.class_counts = {
-        split: dict(zip(label_names, _class_counts(rows, len(label_names)))) for split, rows in splits.items()
-    }
+    # With tags, each tag's reviews (a review may count for several).
+    count = (
+        (lambda rows: tag_counts(column_values(rows, "labels"), len(label_names)))
+        if multi_label
+        else (lambda rows: _class_counts(rows, len(label_names)))
+    )
+    report.class_counts = {split: dict(zip(label_names, count(rows))) for split, rows in splits.items()}
     _refuse_absent_classes(report.class_counts["train"], raw.origins["train"])
-    return ReviewData(splits, label_names, report)
+    return ReviewData(splits, label_names, report, multi_label)
+
+
+def _labels_of(tables: dict[str, datasets.Dataset], raw: RawSplits, data_args: DataArguments) -> tuple[bool, list[str]]:
+    """Whether the run has several tags per review, and its class (or tag) names, once every label cell is checked."""
+    multi_label = is_multi_label(tables["train"], data_args)
+    for split, table in tables.items():
+        _refuse_nested_values(table, raw, split, data_args, tags=multi_label)
+    _warn_numeric_text(tables["train"], raw.origins["train"], data_args.text_column)
+    if multi_label:
+        row_name = functools.partial(raw.row_name, "train")
+        return True, tag_names(tables["train"], raw.origins["train"], data_args, row_name)
+    return False, resolve_label_names(tables["train"], raw.origins["train"], data_args)
 
 
 def _refuse_absent_classes(train_counts: dict[str, int], origin: str) -> None:
@@ -171,7 +197,7 @@ def _refuse_absent_classes(train_counts: dict[str, int], origin: str) -> None:
 
 
 def load_labelled_file(
-    path: Path, data_args: DataArguments, label_names: list[str], unguard_csv: bool = True
+    path: Path, data_args: DataArguments, label_names: list[str], unguard_csv: bool = True, multi_label: bool = False
 ) -> datasets.Dataset:
     """One labelled file as ``{"text", "labels"}`` rows, for scoring a trained model (bad rows dropped).
 
@@ -180,7 +206,14 @@ def load_labelled_file(
     that keeps a spreadsheet from running a cell as a formula (:mod:`finetune.config.csv_cells`).
     """
     rows = _read_labelled_file(
-        path, "test", str(path), data_args, label_names, scoring_a_run=True, unguard_csv=unguard_csv
+        path,
+        "test",
+        str(path),
+        data_args,
+        label_names,
+        scoring_a_run=True,
+        unguard_csv=unguard_csv,
+        multi_label=multi_label,
     )
     return rows.remove_columns("title")
 
@@ -193,6 +226,7 @@ def _read_labelled_file(
     label_names: list[str],
     scoring_a_run: bool = False,
     unguard_csv: bool = False,
+    multi_label: bool = False,
 ) -> datasets.Dataset:
     """One labelled file read as ``split``: ``{"text", "labels", "title"}`` rows, bad rows dropped and said.
 
@@ -207,8 +241,8 @@ def _read_labelled_file(
     if data_args.title_column and data_args.title_column not in table.column_names:
         data_args = dataclasses.replace(data_args, title_column=None)
     _check_columns(table, origin, data_args, scoring_a_run=scoring_a_run)
-    _refuse_nested_values(table, raw, split, data_args)
-    rows, dropped = _to_text_and_labels(table, raw, split, data_args, label_names)
+    _refuse_nested_values(table, raw, split, data_args, tags=multi_label)
+    rows, dropped = _to_text_and_labels(table, raw, split, data_args, label_names, multi_label)
     if any(dropped.values()):
         counts = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n)
         print(f"{origin}: dropped {sum(dropped.values())} rows ({counts})", file=sys.stderr)
@@ -337,9 +371,15 @@ def _is_number(value: str) -> bool:
     return True
 
 
-def _refuse_nested_values(table: datasets.Dataset, raw: RawSplits, split: str, data_args: DataArguments) -> None:
-    """A list or mapping (from JSON) where a review or label goes: the row could only be str()'d or crash later."""
-    wanted = [("text_column", _A_REVIEW), ("label_column", _A_LABEL)]
+def _refuse_nested_values(
+    table: datasets.Dataset, raw: RawSplits, split: str, data_args: DataArguments, tags: bool = False
+) -> None:
+    """A list or mapping (from JSON) where a review or label goes: the row could only be str()'d or crash later.
+
+    With ``tags`` (a multi_label run) a label that is a list is what is wanted (:mod:`.tags` checks its tags).
+    """
+    label_rule = _A_SINGLE_LABEL if data_args.task == "single_label" else _A_LABEL
+    wanted = [("text_column", _A_REVIEW)] + ([] if tags else [("label_column", label_rule)])
     if data_args.title_column:
         wanted.append(("title_column", _A_TITLE))
     for option, rule in wanted:
@@ -359,26 +399,37 @@ def _nested_value(where: str, option: str, column: str, value: object, rule: str
 
 
 def _to_text_and_labels(
-    table: datasets.Dataset, raw: RawSplits, split: str, data_args: DataArguments, label_names: list[str]
+    table: datasets.Dataset,
+    raw: RawSplits,
+    split: str,
+    data_args: DataArguments,
+    label_names: list[str],
+    multi_label: bool = False,
 ) -> tuple[datasets.Dataset, dict[str, int]]:
-    """Clean rows with class ids, and the count of rows dropped for each reason."""
-    label_feature = table.features[data_args.label_column]
-    converter = _RowConverter(
-        data_args,
-        label_names,
-        origin=raw.origins[split],
-        first_row_number=raw.first_row_numbers.get(split, 0),
-        source_label_names=list(label_feature.names) if isinstance(label_feature, datasets.ClassLabel) else None,
-    )
-    features = datasets.Features(
-        {
-            "text": datasets.Value("string"),
-            # ClassLabel stores -1 as "no label", which is what a dropped row carries.
-            "labels": datasets.ClassLabel(names=label_names),
-            "problem": datasets.Value("string"),
-            "title": datasets.Value("string"),
-        }
-    )
+    """Clean rows with class ids (with ``multi_label``, rows of 0/1 per tag), and the rows dropped for each reason."""
+    origin, first_row_number = raw.origins[split], raw.first_row_numbers.get(split, 0)
+    if multi_label:
+        lists = holds_lists(table, data_args.label_column)
+        converter: Any = _TagRowConverter(data_args, label_names, origin, first_row_number, lists)
+        features = tag_features()
+    else:
+        label_feature = table.features[data_args.label_column]
+        converter = _RowConverter(
+            data_args,
+            label_names,
+            origin=origin,
+            first_row_number=first_row_number,
+            source_label_names=list(label_feature.names) if isinstance(label_feature, datasets.ClassLabel) else None,
+        )
+        features = datasets.Features(
+            {
+                "text": datasets.Value("string"),
+                # ClassLabel stores -1 as "no label", which is what a dropped row carries.
+                "labels": datasets.ClassLabel(names=label_names),
+                "problem": datasets.Value("string"),
+                "title": datasets.Value("string"),
+            }
+        )
     with progress_bars(len(table) >= ROWS_WORTH_A_BAR):
         mapped = table.map(
             converter,
@@ -491,6 +542,47 @@ class _RowConverter:
         return f"rating {row[self.label_column]!r} is outside label_bins {describe_bins(self.label_bins)}"
 
 
+class _TagRowConverter:
+    """``_RowConverter`` for a multi_label run: raw columns in, ``text``, ``labels`` (0/1 per tag), ``problem`` out.
+
+    A class rather than a closure so ``datasets`` can hash it and cache the result.
+    """
+
+    def __init__(
+        self, data_args: DataArguments, tag_names: list[str], origin: str, first_row_number: int, lists: bool
+    ) -> None:
+        self.text_column = data_args.text_column
+        self.title_column = data_args.title_column
+        self.label_column = data_args.label_column
+        self.separator = data_args.label_separator
+        self.clean = data_args.clean_text
+        self.tag_ids = {name: index for index, name in enumerate(tag_names)}
+        self.origin = origin
+        self.first_row_number = first_row_number
+        self.lists = lists
+
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        titles = batch[self.title_column] if self.title_column else None
+        texts, titles = review_texts(batch[self.text_column], titles, self.clean)
+        out: dict[str, list] = {"text": texts, "labels": [], "problem": [], "title": titles}
+        for position, (text, raw) in enumerate(zip(texts, batch[self.label_column])):
+            where = f"{self.origin} row {indices[position] + self.first_row_number}"
+            tags = review_tags(raw, self.separator, where, self.label_column, self.lists)
+            out["labels"].append(self._row(tags, where))
+            out["problem"].append(EMPTY_TEXT if not text else MISSING_LABEL if tags is None else "")
+        return out
+
+    def _row(self, tags: list[str] | None, where: str) -> list[float]:
+        row = [0.0] * len(self.tag_ids)
+        for tag in tags or []:
+            if tag not in self.tag_ids:
+                raise FinetuneError(
+                    f"{where}: unknown tag {tag!r} (known: {', '.join(self.tag_ids)}); fix the row or set class_names"
+                )
+            row[self.tag_ids[tag]] = 1.0
+        return row
+
+
 def _boolean_labels(where: str, column: str) -> str:
     return (
         f"{where}: the labels in '{column}' are true/false, which are neither ratings nor class names; "
@@ -498,11 +590,15 @@ def _boolean_labels(where: str, column: str) -> str:
     )
 
 
-def _extra_training_reviews(path: Path, data_args: DataArguments, label_names: list[str]) -> datasets.Dataset:
+def _extra_training_reviews(
+    path: Path, data_args: DataArguments, label_names: list[str], multi_label: bool = False
+) -> datasets.Dataset:
     """``extra_train_file``'s rows as ``{"text", "labels", "title"}``, read like the train split (bad rows dropped)."""
     if not path.is_file():
         raise FinetuneError(f"extra_train_file not found: {path}; check the path, or drop extra_train_file")
-    return _read_labelled_file(path, "train", f"extra_train_file {path}", data_args, label_names)
+    return _read_labelled_file(
+        path, "train", f"extra_train_file {path}", data_args, label_names, multi_label=multi_label
+    )
 
 
 def _with_titles_as_reviews(train: datasets.Dataset) -> tuple[datasets.Dataset, int]:
@@ -567,7 +663,7 @@ def _label_counts(labels: list[int], num_classes: int) -> list[int]:
 
 
 def _cross_validation_split(
-    splits: datasets.DatasetDict, folds: int, fold: int, num_classes: int, seed: int
+    splits: datasets.DatasetDict, folds: int, fold: int, num_classes: int, seed: int, stratify: bool = True
 ) -> datasets.DatasetDict:
     """Train on every fold of the train split but ``fold``, which becomes the test split.
 
@@ -584,9 +680,9 @@ def _cross_validation_split(
         raise FinetuneError(
             f"cannot split {len(train)} training reviews into {folds} folds; pass --folds {len(train)} or fewer"
         )
-    labels = column_values(train, "labels")
-    smallest_class = min(_label_counts(labels, num_classes))
-    # Stratified when every class can give each fold a review; otherwise plain shuffled folds.
+    # Stratified when every class can give each fold a review (tags, several per review, are not stratified).
+    labels = column_values(train, "labels") if stratify else [0] * len(train)
+    smallest_class = min(_label_counts(labels, num_classes)) if stratify else 0
     splitter = (
         StratifiedKFold(folds, shuffle=True, random_state=seed)
         if smallest_class >= folds
@@ -600,19 +696,22 @@ def _cross_validation_split(
 
 
 def _hold_out(
-    splits: datasets.DatasetDict, split: str, held_out: int, label_names: list[str], seed: int
+    splits: datasets.DatasetDict, split: str, held_out: int, label_names: list[str], seed: int, stratify: bool = True
 ) -> datasets.DatasetDict:
-    """Split ``held_out`` rows of train off as ``split``, stratified by class when every class can give a row."""
+    """Split ``held_out`` rows of train off as ``split``, stratified by class when every class can give a row.
+
+    Without ``stratify`` (tags, several per review) the rows are drawn at random, seeded.
+    """
     train = splits["train"]
     if not 0 < held_out < len(train):
         raise FinetuneError(
             f"cannot hold out {held_out} of {len(train)} training reviews as {split}; "
             f"give a {split}_file or change {split}_split_percentage"
         )
-    labels = column_values(train, "labels")
-    counts = _label_counts(labels, len(label_names))
+    labels = column_values(train, "labels") if stratify else []
+    counts = _label_counts(labels, len(label_names)) if stratify else [0]
     # Stratifying needs every class on both sides: two reviews of each, and room for one of each per side.
-    can_stratify = min(counts) >= 2 and min(held_out, len(train) - held_out) >= len(label_names)
+    can_stratify = stratify and min(counts) >= 2 and min(held_out, len(train) - held_out) >= len(label_names)
     parted = (
         _stratified_split(train, labels, held_out, seed)
         if can_stratify

@@ -62,10 +62,11 @@ def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]
     """
     from transformers import AutoTokenizer
 
-    from ..training.model_check import check_model_config, check_model_folder
+    from ..training.model_check import check_model_config, check_model_folder, refuse_tag_model
     from ..training.model_files import require_vocabulary
 
     require_inference_folder(model_dir)
+    refuse_tag_model(model_dir, "finetune predict, evaluate, serve and export read")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     require_vocabulary(tokenizer, model_dir)
     if not is_exported_folder(model_dir):

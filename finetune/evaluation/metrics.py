@@ -67,13 +67,31 @@ def scalar_metrics(report: dict[str, Any]) -> dict[str, float]:
     return flat
 
 
-def build_compute_metrics(label_names: list[str]) -> Callable[[Any], dict[str, float]]:
-    """A ``compute_metrics`` for ``Trainer``: argmax the logits, then score."""
+def build_compute_metrics(label_names: list[str], multi_label: bool = False) -> Callable[[Any], dict[str, float]]:
+    """A ``compute_metrics`` for ``Trainer``: argmax the logits, then score.
+
+    With ``multi_label`` a tag is predicted where its logit is above 0 (a sigmoid of 0.5, the thresholds being
+    tuned only after training), and the scores are micro- and macro-F1, subset accuracy, Hamming loss and each
+    tag's F1 (:mod:`.multi_label`).
+    """
 
     def compute_metrics(eval_prediction: Any) -> dict[str, float]:
         logits = eval_prediction.predictions
         logits = logits[0] if isinstance(logits, tuple) else logits
+        if multi_label:
+            return _tag_metrics(np.asarray(logits) > 0, eval_prediction.label_ids, label_names)
         predictions = np.asarray(logits).argmax(axis=-1)
         return scalar_metrics(classification_report(predictions, eval_prediction.label_ids, label_names))
 
     return compute_metrics
+
+
+def _tag_metrics(predicted: np.ndarray, labels: Any, tag_names: list[str]) -> dict[str, float]:
+    """The scores of several tags per review, flat as ``Trainer`` logs them (``f1_price``, ...)."""
+    from .multi_label import tag_scores
+
+    scores = tag_scores(np.asarray(labels) > 0.5, predicted, tag_names)
+    flat = {key: scores[key] for key in ("micro_f1", "macro_f1", "subset_accuracy", "hamming_loss")}
+    for tag, values in scores["per_tag"].items():
+        flat.update({f"{metric}_{tag}": values[metric] for metric in ("precision", "recall", "f1")})
+    return flat

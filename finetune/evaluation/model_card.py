@@ -235,12 +235,11 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
     lines = [
         "## Test results",
         "",
-        f"{test['num_samples']} test reviews: accuracy **{test['accuracy']:.3f}**{_interval(test, 'accuracy')}, "
-        f"macro-F1 **{test['macro_f1']:.3f}**{_interval(test, 'macro_f1')}.",
+        *_headline(test),
         "",
         *_interval_note(test),
         *_against_baseline(test, baseline),
-        "| class | precision | recall | F1 | F1 95% interval | test reviews |",
+        f"| {'tag' if 'micro_f1' in test else 'class'} | precision | recall | F1 | F1 95% interval | test reviews |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, support in zip(test["per_class"], _supports(test)):
@@ -252,6 +251,8 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
             f"{support} |"
         )
     names = list(test["per_class"])
+    if "thresholds" in test:
+        return [*lines, "", *_thresholds(test)]
     if test.get("confusion_matrix") is None:
         return [*lines, "", f"No confusion matrix: {len(names):,} classes are too many to show one.", ""]
     lines += [
@@ -265,6 +266,33 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
         lines.append(f"| {name} | " + " | ".join(str(count) for count in row) + " |")
     lines.append("")
     return lines
+
+
+def _headline(test: dict[str, Any]) -> list[str]:
+    """The test scores in a sentence: micro-F1 first for several tags per review, accuracy first for one label."""
+    scores = f"macro-F1 **{test['macro_f1']:.3f}**{_interval(test, 'macro_f1')}"
+    if "micro_f1" not in test:
+        accuracy = f"accuracy **{test['accuracy']:.3f}**{_interval(test, 'accuracy')}"
+        return [f"{test['num_samples']} test reviews: {accuracy}, {scores}."]
+    return [
+        f"{test['num_samples']} test reviews, several tags each: micro-F1 **{test['micro_f1']:.3f}**"
+        f"{_interval(test, 'micro_f1')}, {scores}, subset accuracy (every tag right) "
+        f"**{test['accuracy']:.3f}**{_interval(test, 'accuracy')}, Hamming loss {test['hamming_loss']:.3f}."
+    ]
+
+
+def _thresholds(test: dict[str, Any]) -> list[str]:
+    """Each tag's threshold on its probability (a sigmoid), as tuned and as ``tag_thresholds.json`` keeps them."""
+    tuned_on = test.get("thresholds_tuned_on", "validation")
+    return [
+        f"A tag is given where its probability reaches its threshold (tuned for each tag's F1 on: {tuned_on}; "
+        "kept in `tag_thresholds.json`):",
+        "",
+        "| tag | threshold |",
+        "| --- | --- |",
+        *(f"| {name} | {value:.3f} |" for name, value in test["thresholds"].items()),
+        "",
+    ]
 
 
 def _distillation(run: dict[str, Any], test: dict[str, Any] | None, trade: dict[str, Any] | None) -> list[str]:
@@ -350,10 +378,15 @@ def _interval_note(test: dict[str, Any]) -> list[str]:
     intervals = test.get("intervals")
     if not intervals:
         return []
+    # finetune evaluate compares checkpoints for one label per review (not yet for tags).
+    paired = (
+        ""
+        if "micro_f1" in test
+        else (" `finetune evaluate` on this folder tests each checkpoint against the best, paired.")
+    )
     return [
         f"Brackets: 95% percentile bootstrap intervals ({intervals['resamples']} resamples of the test reviews, "
-        f"seed {intervals['seed']}); a difference inside them may be chance. `finetune evaluate` on this folder "
-        "tests each checkpoint against the best, paired.",
+        f"seed {intervals['seed']}); a difference inside them may be chance.{paired}",
         "",
     ]
 
@@ -370,13 +403,24 @@ def _against_baseline(test: dict[str, Any], baseline: dict[str, Any] | None) -> 
         f"Against the obvious alternative, {baseline['description']} fit on the same "
         f"{baseline['train_reviews']} training reviews in {baseline['fit_seconds']:.1f} s:",
         "",
-        "| model | test accuracy | test macro-F1 |",
-        "| --- | --- | --- |",
-        f"| this model | {test['accuracy']:.3f} | {test['macro_f1']:.3f} |",
-        f"| TF-IDF baseline | {baseline_test['accuracy']:.3f} | {baseline_test['macro_f1']:.3f} |",
-        f"| difference | {difference['accuracy']:+.3f} | {difference['macro_f1']:+.3f} |",
+        *_score_table(("this model", test), ("TF-IDF baseline", baseline_test), ("difference", difference)),
         "",
     ]
+
+
+def _score_table(*rows: tuple[str, dict[str, Any]]) -> list[str]:
+    """Test scores side by side: accuracy and macro-F1, with micro-F1 first where there are several tags."""
+    metrics = [("micro_f1", "micro-F1")] if "micro_f1" in rows[0][1] else []
+    metrics += [("accuracy", "subset accuracy" if metrics else "accuracy"), ("macro_f1", "macro-F1")]
+    signed = {"difference"}
+    lines = [
+        "| model | " + " | ".join(f"test {name}" for _, name in metrics) + " |",
+        "|" + " --- |" * (len(metrics) + 1),
+    ]
+    for name, scores in rows:
+        form = "{:+.3f}" if name in signed else "{:.3f}"
+        lines.append(f"| {name} | " + " | ".join(form.format(scores[key]) for key, _ in metrics) + " |")
+    return lines
 
 
 def _pictures(folder: Path) -> list[str]:

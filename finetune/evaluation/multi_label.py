@@ -95,7 +95,7 @@ def tag_scores(labels: np.ndarray, predicted: np.ndarray, tag_names: list[str] |
 def tag_score_intervals(
     labels: np.ndarray, predicted: np.ndarray, resamples: int = 1000, seed: int = 0, confidence: float = 0.95
 ) -> dict[str, Any]:
-    """Percentile bootstrap intervals (over reviews) of micro-F1, macro-F1 and each tag's F1.
+    """Percentile bootstrap intervals (over reviews) of micro-F1, macro-F1, subset accuracy and each tag's F1.
 
     Each resample is a count per review (how often it was drawn), so the
     counts of true and false positives are one product of those counts with
@@ -105,7 +105,8 @@ def tag_score_intervals(
     truth, guess = _as_rows(labels).astype(bool), _as_rows(predicted).astype(bool)
     rng = np.random.default_rng(seed)
     reviews = len(truth)
-    micro, macro, per_tag = [], [], []
+    micro, macro, per_tag, subset = [], [], [], []
+    whole_set_right = (truth == guess).all(axis=1).astype(np.float64)
     for start in range(0, resamples, RESAMPLES_AT_ONCE):
         draws = min(RESAMPLES_AT_ONCE, resamples - start)
         weights = rng.multinomial(reviews, np.full(reviews, 1.0 / reviews), size=draws).astype(np.float64)
@@ -114,12 +115,58 @@ def tag_score_intervals(
         tag_f1 = _f1(true_positives, false_positives, false_negatives)
         macro.append(tag_f1.mean(axis=1))
         per_tag.append(tag_f1)
+        subset.append(weights @ whole_set_right / reviews)
     tail = (1.0 - confidence) / 2 * 100
     bounds = (tail, 100 - tail)
     return {
+        "resamples": resamples,
+        "seed": seed,
         "micro_f1": np.percentile(np.concatenate(micro), bounds).tolist(),
         "macro_f1": np.percentile(np.concatenate(macro), bounds).tolist(),
+        "subset_accuracy": np.percentile(np.concatenate(subset), bounds).tolist(),
         "per_tag_f1": np.percentile(np.concatenate(per_tag), bounds, axis=0).T.tolist(),
+    }
+
+
+def multi_label_report(
+    test_probabilities: np.ndarray,
+    test_labels: np.ndarray,
+    tag_names: list[str],
+    validation: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict[str, Any]:
+    """A multi_label run's test report: thresholds tuned on ``validation`` (probabilities, labels), then the scores.
+
+    Without a validation split every threshold is ``DEFAULT_THRESHOLD``. The
+    report keeps the single-label report's keys where they mean the same:
+    ``accuracy`` is subset accuracy (the whole set of tags right, scikit-learn's
+    ``accuracy_score`` on tag rows), ``per_class`` is per tag; ``micro_f1`` is the headline.
+    """
+    if validation is not None:
+        thresholds, tuned_on = tune_thresholds(*validation), "validation"
+    else:
+        thresholds, tuned_on = np.full(len(tag_names), DEFAULT_THRESHOLD), "none (0.5 for every tag)"
+    predicted = predicted_tags(test_probabilities, thresholds)
+    scores = tag_scores(test_labels, predicted, tag_names)
+    intervals = tag_score_intervals(test_labels, predicted)
+    return {
+        "task": "multi_label",
+        "micro_f1": scores["micro_f1"],
+        "macro_f1": scores["macro_f1"],
+        "accuracy": scores["subset_accuracy"],
+        "hamming_loss": scores["hamming_loss"],
+        "per_class": scores["per_tag"],
+        "support": [row["support"] for row in scores["per_tag"].values()],
+        "num_samples": len(np.asarray(test_labels)),
+        "thresholds": dict(zip(tag_names, (float(value) for value in thresholds))),
+        "thresholds_tuned_on": tuned_on,
+        "intervals": {
+            "resamples": intervals["resamples"],
+            "seed": intervals["seed"],
+            "micro_f1": intervals["micro_f1"],
+            "macro_f1": intervals["macro_f1"],
+            "accuracy": intervals["subset_accuracy"],
+            "per_class_f1": dict(zip(tag_names, intervals["per_tag_f1"])),
+        },
     }
 
 

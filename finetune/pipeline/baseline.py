@@ -20,7 +20,9 @@ def start_baseline_beside(data: ReviewData, args: Any, beside_the_run: contextli
     from ..evaluation.baseline_process import runs_beside_training
 
     main_process = args.process_index == 0
-    if args.baseline and main_process and beside_the_run is not None and runs_beside_training(args.device.type):
+    # Tags (a multi_label run) are fitted inline: the baseline's process scores one label per review.
+    beside = beside_the_run is not None and not data.multi_label and runs_beside_training(args.device.type)
+    if args.baseline and main_process and beside:
         return beside_the_run.enter_context(_start_baseline(data, args.seed))
     return None
 
@@ -54,7 +56,9 @@ def _fit_baseline(data: ReviewData, seed: int) -> Any:
 
     train_texts, train_labels, to_score = _baseline_inputs(data)
     try:
-        result = run_baseline(train_texts, train_labels, to_score, data.label_names, seed=seed)
+        result = run_baseline(
+            train_texts, train_labels, to_score, data.label_names, seed=seed, multi_label=data.multi_label
+        )
     except ValueError as error:
         _say_baseline_skipped(error)
         return None
@@ -93,7 +97,8 @@ def _say_baseline_skipped(error: ValueError) -> None:
 
 def _say_baseline(result: Any) -> None:
     scores = ", ".join(
-        f"{split} accuracy {score['accuracy']:.3f}, macro-F1 {score['macro_f1']:.3f}"
+        (f"{split} micro-F1 {score['micro_f1']:.3f}, " if "micro_f1" in score else f"{split} ")
+        + f"accuracy {score['accuracy']:.3f}, macro-F1 {score['macro_f1']:.3f}"
         for split, score in result.scores.items()
     )
     note = f"; {result.note}" if result.note else ""

@@ -20,15 +20,15 @@ if TYPE_CHECKING:
     from .request import RunRequest
 
 
-def build_model(run: Recipe, label_names: list[str]) -> Any:
-    """The pretrained encoder with a new head for these classes, seeded first so the head's start repeats."""
+def build_model(run: Recipe, label_names: list[str], multi_label: bool = False) -> Any:
+    """The pretrained encoder with a new head for these classes (or tags), seeded first so the head's start repeats."""
     from transformers import set_seed
 
     from ..training.modeling import load_classifier
 
     # Seeded first, so the head's random initialisation (and so the whole run) repeats with the seed.
     set_seed(run.training.seed)
-    return load_classifier(run.model, label_names)
+    return load_classifier(run.model, label_names, multi_label)
 
 
 def build_trainer(
@@ -61,13 +61,20 @@ def build_trainer(
         eval_dataset=inputs.encoded.get("validation"),
         data_collator=DataCollatorWithPadding(inputs.tokenizer, pad_to_multiple_of=args.pad_to_multiple_of),
         processing_class=inputs.tokenizer,
-        compute_metrics=build_compute_metrics(inputs.data.label_names),
+        compute_metrics=build_compute_metrics(inputs.data.label_names, inputs.data.multi_label),
         callbacks=[on_train_begin, update_recorder, stopper, *_early_stopping(args), *request.callbacks],
         **distill_kwargs,
     )
     if trainer.class_weights is not None and args.should_log:
         pairs = zip(inputs.data.label_names, trainer.class_weights.tolist())
-        print(f"class weights: {', '.join(f'{name} {weight:.3f}' for name, weight in pairs)}", file=sys.stderr)
+        # With tags, each weighs its own positive reviews against its negatives (BCE's pos_weight).
+        kind = "tag weights (pos_weight)" if inputs.data.multi_label else "class weights"
+        print(f"{kind}: {', '.join(f'{name} {weight:.3f}' for name, weight in pairs)}", file=sys.stderr)
+    if inputs.data.multi_label and (args.calibrate_temperature or request.distillation is not None):
+        raise FinetuneError(
+            f"{'calibrate_temperature' if args.calibrate_temperature else 'finetune distill'} is for one label per "
+            "review (a softmax) for now, and this run has several tags per review; drop it for a multi_label run"
+        )
     if args.calibrate_temperature and "validation" not in inputs.encoded:
         raise FinetuneError(
             "calibrate_temperature fits T on the validation split, and this run has none; "

@@ -80,7 +80,11 @@ def flags_without_recipe(flags: list[str]) -> list[str]:
     added: dict[str, str] = {key: value for key, value in defaults.items() if key not in given}
     if "output_dir" not in given:
         added["output_dir"] = f"runs/{_run_name(flags)}"
-    if not given & {"label_bins", "class_names"}:
+    tags = "label_separator" in given or _holds_tag_lists(flags)
+    if tags and "task" not in given:
+        # Several tags per review: said in the recipe it prints, so the run reads as what it is.
+        added["task"] = "multi_label"
+    if not given & {"label_bins", "class_names"} and not tags:
         ratings = _rating_values(flags)
         if ratings is not None:
             # One class per rating keeps what the file says; the note offers the usual grouping.
@@ -164,8 +168,8 @@ def _run_name(flags: list[str]) -> str:
     return (path.stem if path.suffix else path.name) or "reviews"
 
 
-def _rating_values(flags: list[str]) -> list[int] | None:
-    """The ratings of a train file's label column when they are whole numbers on a 5- or 10-point scale."""
+def _train_labels(flags: list[str]) -> tuple[str, str, list[Any]] | None:
+    """The train file, its label column and the column's values, where the flags name a readable file with it."""
     from ..data.sources import read_table
 
     train_file, column = _value(flags, "train_file"), _value(flags, "label_column") or "label"
@@ -177,7 +181,22 @@ def _rating_values(flags: list[str]) -> list[int] | None:
         return None
     if column not in table.column_names:
         return None
-    values = {value for value in column_values(table, column) if value is not None and str(value).strip() != ""}
+    return train_file, column, column_values(table, column)
+
+
+def _holds_tag_lists(flags: list[str]) -> bool:
+    """Whether the train file's labels are lists (several tags per review, from JSON Lines or Parquet)."""
+    labels = _train_labels(flags)
+    return labels is not None and any(isinstance(value, list) for value in labels[2])
+
+
+def _rating_values(flags: list[str]) -> list[int] | None:
+    """The ratings of a train file's label column when they are whole numbers on a 5- or 10-point scale."""
+    labels = _train_labels(flags)
+    if labels is None:
+        return None
+    train_file, column, raw_values = labels
+    values = {value for value in raw_values if value is not None and str(value).strip() != ""}
     if len(values) == 1:
         raise FinetuneError(
             f"{train_file}: every label in '{column}' is {next(iter(values))!r}, and a classifier needs at least "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ def score_test(trainer: Any, inputs: RunInputs) -> dict[str, Any] | None:
 
     if "test" not in inputs.encoded:
         return None
+    if inputs.data.multi_label:
+        return _score_tags(trainer, inputs)
     args, label_names = trainer.args, inputs.data.label_names
     if inputs.encoding.sliding_window:
         # Long reviews read in overlapping windows, as evaluate and predict will read them.
@@ -40,4 +43,33 @@ def score_test(trainer: Any, inputs: RunInputs) -> dict[str, Any] | None:
     trainer.save_metrics("test", {"test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"]})
     if trainer.is_world_process_zero():
         write_output_text(Path(args.output_dir, "test_report.json"), json.dumps(report, indent=2) + "\n")
+    return report
+
+
+# The run folder's file of per-tag thresholds (a multi_label run), tuned on the validation split.
+THRESHOLDS_FILE = "tag_thresholds.json"
+
+
+def _score_tags(trainer: Any, inputs: RunInputs) -> dict[str, Any]:
+    """A multi_label run's test report: each tag's threshold tuned on validation, saved, then the test scored."""
+    import numpy as np
+    import torch
+
+    from ..evaluation.multi_label import multi_label_report
+
+    def probabilities_and_labels(split: str) -> tuple[np.ndarray, np.ndarray]:
+        prediction = trainer.predict(inputs.encoded[split], metric_key_prefix=split)
+        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        return torch.sigmoid(torch.as_tensor(logits).float()).numpy(), np.asarray(prediction.label_ids) > 0.5
+
+    validation = probabilities_and_labels("validation") if "validation" in inputs.encoded else None
+    if validation is None and trainer.args.should_log:
+        print("no validation split: every tag's threshold is 0.5", file=sys.stderr)
+    report = multi_label_report(*probabilities_and_labels("test"), inputs.data.label_names, validation)
+    trainer.save_metrics("test", {"test_micro_f1": report["micro_f1"], "test_macro_f1": report["macro_f1"]})
+    if trainer.is_world_process_zero():
+        output_dir = Path(trainer.args.output_dir)
+        thresholds = {"thresholds": report["thresholds"], "tuned_on": report["thresholds_tuned_on"]}
+        write_output_text(output_dir / THRESHOLDS_FILE, json.dumps(thresholds, indent=2) + "\n")
+        write_output_text(output_dir / "test_report.json", json.dumps(report, indent=2) + "\n")
     return report

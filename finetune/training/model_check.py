@@ -12,6 +12,7 @@ and returns the model it loaded so the caller need not load it again.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,28 @@ from .runs import find_run_config, recorded_class_names, require_model_folder
 SAMPLE_REVIEW = "Great value, it works as described."
 # How many weight names a message lists before it says "and N more".
 _NAMES_SHOWN = 3
+
+
+def refuse_tag_model(folder: str | Path, readers: str) -> None:
+    """Refuse a model with several tags per review (a multi_label run) where ``readers`` read one label per review.
+
+    ``readers`` names them with their verb, e.g. ``"finetune distill reads"``.
+
+    Such a folder is a plain Hugging Face folder that transformers scores with a
+    sigmoid per tag; the commands that read runs (predict, evaluate, serve,
+    export, distill) read a softmax over classes, and would give one tag per review.
+    """
+    config_path = Path(folder) / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no config, or one that is no JSON: the folder's own checks say what is wrong with it
+    if isinstance(config, dict) and config.get("problem_type") == "multi_label_classification":
+        raise FinetuneError(
+            f"{folder} holds a model with several tags per review (a multi_label run), and {readers} one label "
+            "per review for now; score it with transformers.pipeline('text-classification', model=FOLDER, "
+            "top_k=None) and the thresholds in its tag_thresholds.json"
+        )
 
 
 def check_model_folder(

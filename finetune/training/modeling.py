@@ -98,8 +98,12 @@ def load_tokenizer(model_args: ModelArguments, truncation_side: str = "right") -
     return tokenizer
 
 
-def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTrainedModel:
-    """The pretrained encoder with a fresh classification head for ``label_names``."""
+def load_classifier(model_args: ModelArguments, label_names: list[str], multi_label: bool = False) -> PreTrainedModel:
+    """The pretrained encoder with a fresh classification head for ``label_names``.
+
+    With ``multi_label`` the names are tags, each scored by a sigmoid of its own: transformers'
+    ``problem_type="multi_label_classification"``, so the saved folder loads and scores so as it is.
+    """
     path = resolve_model_path(model_args.model_name_or_path)
     id2label = dict(enumerate(label_names))
     check_classifier_head(model_args, len(label_names))
@@ -109,6 +113,7 @@ def load_classifier(model_args: ModelArguments, label_names: list[str]) -> PreTr
             num_labels=len(label_names),
             id2label=id2label,
             label2id={name: index for index, name in id2label.items()},
+            **({"problem_type": "multi_label_classification"} if multi_label else {}),
             trust_remote_code=model_args.trust_remote_code,
             # Pickled weights can run code when loaded; a model without safetensors needs the opt-in.
             use_safetensors=None if model_args.allow_pickle_weights else True,

@@ -1,0 +1,196 @@
+"""Several tags per review, end to end: ``finetune train`` on tag lists (or separated tags) to a plain HF folder.
+
+The run's test scores are checked against an independent reading of the saved
+folder: transformers' own model and a sigmoid, the saved per-tag thresholds,
+and scikit-learn's F1. Bad tag data gets one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from bad_input.common import run_cli
+from sklearn.metrics import f1_score
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from finetune.cli import main
+
+# Three tags, each with words that say it; a review has any set of them, none included.
+TAG_WORDS = {
+    "delivery": ["late", "courier", "shipping"],
+    "price": ["cheap", "expensive", "bargain"],
+    "size": ["small", "tight", "large"],
+}
+FILLER = ["the", "product", "was", "really", "okay", "and", "it"]
+
+
+def tagged_reviews(count: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        tags = [tag for tag in TAG_WORDS if rng.random() < 0.4]
+        words = [rng.choice(FILLER) for _ in range(4)] + [rng.choice(TAG_WORDS[tag]) for tag in tags]
+        rows.append({"review": " ".join(words), "tags": tags})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def tag_recipe(folder: Path, model_dir: Path, **fields) -> Path:
+    """A recipe of 3 epochs on 60 tagged reviews (validation and test files of 24 each), on the tiny BERT."""
+    values = dict(
+        model_name_or_path=str(model_dir),
+        train_file=str(write_jsonl(folder / "train.jsonl", tagged_reviews(60, 1))),
+        validation_file=str(write_jsonl(folder / "validation.jsonl", tagged_reviews(24, 2))),
+        test_file=str(write_jsonl(folder / "test.jsonl", tagged_reviews(24, 3))),
+        text_column="review",
+        label_column="tags",
+        output_dir=str(folder / "run"),
+        max_length=32,
+        per_device_train_batch_size=8,
+        num_train_epochs=3,
+        learning_rate=0.002,
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        load_best_model_at_end=True,
+        metric_for_best_model="micro_f1",
+        disable_tqdm=True,
+        report_to="none",
+    )
+    values.update(fields)
+    recipe = folder / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(values), encoding="utf-8")
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def tag_run(tmp_path_factory, tiny_model_dir) -> Path:
+    folder = tmp_path_factory.mktemp("tags")
+    assert main(["train", str(tag_recipe(folder, tiny_model_dir))]) == 0
+    return folder / "run"
+
+
+def test_the_run_is_a_plain_folder_scored_with_a_sigmoid_per_tag(tag_run):
+    config = json.loads((tag_run / "config.json").read_text())
+    assert config["problem_type"] == "multi_label_classification"
+    assert list(config["id2label"].values()) == ["delivery", "price", "size"]
+    from transformers import pipeline
+
+    scored = pipeline("text-classification", model=str(tag_run), top_k=None)("cheap but late")[0]
+    model = AutoModelForSequenceClassification.from_pretrained(tag_run)
+    tokenizer = AutoTokenizer.from_pretrained(tag_run)
+    with torch.no_grad():
+        sigmoid = torch.sigmoid(model(**tokenizer("cheap but late", return_tensors="pt")).logits[0])
+    by_tag = {row["label"]: row["score"] for row in scored}
+    assert by_tag == pytest.approx({name: float(sigmoid[int(index)]) for index, name in config["id2label"].items()})
+
+
+def test_test_scores_equal_an_independent_reading_of_the_saved_folder(tag_run):
+    """The saved model, its saved thresholds and scikit-learn give the report's micro- and macro-F1."""
+    report = json.loads((tag_run / "test_report.json").read_text())
+    thresholds = json.loads((tag_run / "tag_thresholds.json").read_text())
+    assert thresholds["tuned_on"] == "validation"
+    assert list(thresholds["thresholds"]) == ["delivery", "price", "size"]
+    assert all(0 < value < 1 for value in thresholds["thresholds"].values())
+    model = AutoModelForSequenceClassification.from_pretrained(tag_run).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tag_run)
+    rows = [json.loads(line) for line in (tag_run.parent / "test.jsonl").read_text().splitlines()]
+    with torch.no_grad():
+        batch = tokenizer([row["review"] for row in rows], padding=True, return_tensors="pt")
+        probabilities = torch.sigmoid(model(**batch).logits).numpy()
+    names = list(thresholds["thresholds"])
+    predicted = probabilities >= np.array([thresholds["thresholds"][name] for name in names])
+    truth = np.array([[name in row["tags"] for name in names] for row in rows])
+    assert report["micro_f1"] == pytest.approx(f1_score(truth, predicted, average="micro", zero_division=0), abs=1e-9)
+    assert report["macro_f1"] == pytest.approx(f1_score(truth, predicted, average="macro", zero_division=0), abs=1e-9)
+    assert report["num_samples"] == len(rows)
+    low, high = report["intervals"]["micro_f1"]
+    assert low <= report["micro_f1"] <= high
+
+
+def test_the_run_says_its_tags_and_the_baseline_beside_them(tag_run):
+    metrics = json.loads((tag_run / "report" / "metrics.json").read_text())
+    assert "micro_f1" in metrics["baseline"]["scores"]["test"]
+    assert set(metrics["vs_baseline"]) >= {"micro_f1", "macro_f1"}
+    card = (tag_run / "README.md").read_text()
+    assert "micro-F1" in card and "| tag | threshold |" in card and "one-vs-rest" in card
+
+
+def test_reading_commands_refuse_a_tag_run_in_one_line(tag_run, capsys):
+    error = run_cli(["predict", tag_run, "--input", tag_run.parent / "test.jsonl", "--text_column", "review"], capsys)
+    assert "several tags per review" in error and "top_k=None" in error
+
+
+def test_tags_separated_in_a_csv_and_a_review_with_none_train(tmp_path, tiny_model_dir):
+    rows = tagged_reviews(40, 4)
+    lines = ["review,tags", *(f"{row['review']},{'|'.join(row['tags'])}" for row in rows)]
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    recipe = tag_recipe(
+        tmp_path,
+        tiny_model_dir,
+        train_file=str(tmp_path / "train.csv"),
+        label_separator="|",
+        max_steps=2,
+        eval_strategy="no",
+        save_strategy="no",
+        load_best_model_at_end=False,
+    )
+    assert main(["train", str(recipe)]) == 0
+    run = json.loads((tmp_path / "run" / "finetune_run.json").read_text())
+    assert run["class_names"] == ["delivery", "price", "size"]
+    # An empty cell is a missing label (dropped); a review with tags [] in JSON Lines is kept.
+    report = json.loads((tmp_path / "run" / "test_report.json").read_text())
+    assert report["num_samples"] == 24
+
+
+BAD_TAGS = {
+    "list-with-single-label": (
+        [{"review": "late", "tags": ["delivery"]}, {"review": "cheap", "tags": ["price"]}],
+        {"task": "single_label"},
+        "holds a list (['delivery']); a label must be one number or word, e.g. 5 or positive (task is "
+        "single_label; for several tags per review set task: multi_label)",
+    ),
+    "tag-not-in-class-names": (
+        [{"review": "late", "tags": ["delivery"]}, {"review": "tight", "tags": ["size"]}],
+        {"class_names": ["delivery", "price", "fit"]},
+        "tag 'size' is not in class_names",
+    ),
+    "lists-and-single-labels": (
+        [{"review": "late", "tags": "delivery"}, {"review": "cheap", "tags": ["price"]}],
+        {},
+        "'tags' holds 'delivery' where other rows hold lists of tags",
+    ),
+    "tags-that-are-no-words": (
+        [{"review": "late", "tags": ["delivery", 3]}, {"review": "cheap", "tags": ["price"]}],
+        {},
+        "'tags' holds 3 among its tags",
+    ),
+    "separator-that-splits-nothing": (
+        [{"review": "late", "tags": "delivery"}, {"review": "cheap", "tags": "price"}],
+        {"label_separator": ";"},
+        "label_separator ';' splits no label in 'tags'",
+    ),
+}
+
+
+@pytest.mark.parametrize(("rows", "fields", "message"), BAD_TAGS.values(), ids=BAD_TAGS.keys())
+def test_bad_tags_are_one_line_naming_the_fix(tmp_path, tiny_model_dir, capsys, rows, fields, message):
+    train = write_jsonl(tmp_path / "bad.jsonl", rows * 5)
+    recipe = tag_recipe(tmp_path, tiny_model_dir, train_file=str(train), **fields)
+    error = run_cli(["train", recipe], capsys)
+    assert message in error
+    assert not (tmp_path / "run").exists()
+
+
+def test_label_bins_with_tags_is_refused(tmp_path, tiny_model_dir, capsys):
+    recipe = tag_recipe(tmp_path, tiny_model_dir, label_separator="|", label_bins="low=1-2,high=3-5")
+    assert "label_bins groups ratings into one class per review" in run_cli(["train", recipe], capsys)
