@@ -198,7 +198,8 @@ def test_exact_for_any_budget(initial_model, tokenizer, tmp_path, micro_batch, n
 
 def test_packed_attention_groups_cut_by_the_cpu_cap_keep_the_update(initial_model, tokenizer, tmp_path, monkeypatch):
     """On a CPU, groups are cut to keep their scores under malloc's mmap threshold; cut to a review each here."""
-    from finetune.training import micro_batches, packed_attention
+    from finetune.fast_path import packed_attention
+    from finetune.training import micro_batches
 
     monkeypatch.setattr(packed_attention, "CPU_ATTENTION_GROUP_BYTES", 1)
     group_sizes = []

@@ -7,8 +7,8 @@ import multiprocessing
 import pytest
 import torch
 
-from finetune.training import dropout_masks
-from finetune.training.dropout_masks import CHUNK_ENTRIES, dropout_keep
+from finetune.fast_path import dropout_masks
+from finetune.fast_path.dropout_masks import CHUNK_ENTRIES, dropout_keep
 
 ENTRIES = 4_000_000  # over 15 chunks
 
@@ -72,7 +72,7 @@ def test_cheaper_dropout_is_dropout_with_that_mask():
     """Forward and backward: the hidden states times the kept mask over 1 - p, zeros where dropped."""
     from torch import nn
 
-    from finetune.training.dropout_masks import cheaper_dropout
+    from finetune.fast_path.dropout_masks import cheaper_dropout
 
     module = nn.Dropout(0.25).train()
     forward = cheaper_dropout(module)

@@ -45,7 +45,7 @@ def test_counts_each_read_while_counting_and_leaves_tensor_as_it_was():
 
 def test_a_cpu_dropout_mask_s_seed_is_not_counted_a_read_of_the_model_s_is():
     """Packed rows draw dropout masks on the host from a seed read each, a path a GPU run does not take."""
-    from finetune.training.dropout_masks import dropout_keep
+    from finetune.fast_path.dropout_masks import dropout_keep
 
     with counting_host_reads("cpu") as counter:
         counter.counting = True

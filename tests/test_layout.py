@@ -9,6 +9,7 @@ PACKAGE = Path(__file__).parent.parent / "finetune"
 # Lowest first. Top-level modules: errors.py is the floor; the others (cli.py, cli_parser.py, __init__.py,
 # __main__.py) the roof.
 # fetching sits below data and training: a recipe's dataset or model name is followed down to files, never back up.
+# fast_path sits below training: the model's cheaper readings, which training, evaluation and export install.
 # export sits between training (it reads run records and pooling) and evaluation (inference runs its models).
 # serve sits above evaluation (it answers with inference and explanations), below commands (serve starts it).
 # pipeline sits above serve and below commands: the stages of a run, and what several commands share.
@@ -18,6 +19,7 @@ LAYERS = [
     "config",
     "fetching",
     "data",
+    "fast_path",
     "training",
     "export",
     "evaluation",

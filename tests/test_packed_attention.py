@@ -19,16 +19,16 @@ from transformers import (
 )
 
 from finetune.errors import FinetuneError
-from finetune.training.micro_batches import pack
-from finetune.training.modeling import resolve_model_path
-from finetune.training.packed_attention import (
+from finetune.fast_path.packed_attention import (
     CPU_ATTENTION_GROUP_BYTES,
     PACKED_ATTENTION,
     PackedReading,
     attention_group_limit,
 )
+from finetune.fast_path.review_attention import attention
+from finetune.training.micro_batches import pack
+from finetune.training.modeling import resolve_model_path
 from finetune.training.pooling import add_mean_pooling_layer
-from finetune.training.review_attention import attention
 
 TOLERANCE = 1e-5
 REVIEWS = [

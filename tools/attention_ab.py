@@ -24,8 +24,8 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification
 
+from finetune.fast_path.mpnet_attention import FusedMPNetAttention
 from finetune.training.modeling import resolve_model_path
-from finetune.training.mpnet_attention import FusedMPNetAttention
 
 
 def main() -> None:

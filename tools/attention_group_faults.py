@@ -53,7 +53,7 @@ def main() -> None:
 def _time_split(reviews: int, width: int, group_size: int) -> dict[str, float]:
     import torch
 
-    from finetune.training.review_attention import biased_attention_with_dropout
+    from finetune.fast_path.review_attention import biased_attention_with_dropout
 
     torch.manual_seed(0)
     query, key, value = (torch.randn(reviews, HEADS, width, HEAD_SIZE, requires_grad=True) for _ in range(3))

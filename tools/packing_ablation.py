@@ -26,11 +26,12 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from finetune.config.recipes import load_recipe
 from finetune.data.splits import load_review_data
-from finetune.training import dropout_masks, micro_batches, packed_attention, review_attention
-from finetune.training.first_tokens import LastLayerAtFirstTokens
+from finetune.fast_path import dropout_masks, packed_attention, review_attention
+from finetune.fast_path.first_tokens import LastLayerAtFirstTokens
+from finetune.fast_path.packed_attention import PackedReading, attention_group_limit
+from finetune.training import micro_batches
 from finetune.training.micro_batches import pack
 from finetune.training.modeling import load_tokenizer, resolve_model_path
-from finetune.training.packed_attention import PackedReading, attention_group_limit
 from finetune.training.pooling import add_mean_pooling_layer
 
 VARIANTS = (

@@ -48,7 +48,7 @@ TORCH_OPTIM = os.path.join(os.path.dirname(torch.__file__), "optim") + os.sep
 DATA_LOADING = (os.path.join(os.path.dirname(torch.__file__), "utils", "data") + os.sep, "accelerate/data_loader.py")
 # Where packed rows' dropout masks are drawn on a CPU, a seed read each; on a GPU dropout is the device's kernel.
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CPU_DROPOUT_MASKS = os.path.join(PACKAGE, "training", "dropout_masks.py")
+CPU_DROPOUT_MASKS = os.path.join(PACKAGE, "fast_path", "dropout_masks.py")
 
 
 class HostReadCounter:

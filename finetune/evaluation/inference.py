@@ -18,7 +18,7 @@ from ..errors import FinetuneError
 from ..export.fallback import Int8WithFallback, read_fallback
 from ..export.onnxruntime import OnnxClassifier, is_onnx_folder, require_onnx_runtime
 from ..export.openvino import OpenVinoClassifier, is_openvino_folder, require_openvino
-from ..training.first_tokens import reading_first_tokens
+from ..fast_path.first_tokens import reading_first_tokens
 from .length_batches import CPU_PASS_COST_TOKENS, length_batches
 
 # Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.

@@ -40,11 +40,6 @@ def parameter_depth(name: str, base_prefix: str, num_layers: int) -> int:
     return num_layers + 1  # e.g. a final layer norm after the encoder: as near the head as it gets
 
 
-def classifier_of(model: nn.Module) -> nn.Module:
-    """The classifier itself: the model inside a PEFT wrapper, else ``model``."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def model_depths(model: nn.Module) -> dict[str, int]:
     """``{parameter name: depth}`` for every parameter of ``model`` (a ``PreTrainedModel``, maybe wrapped)."""
     model = getattr(model, "module", model)  # DDP / DataParallel

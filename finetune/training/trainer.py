@@ -82,6 +82,10 @@ from ..data.class_weights import (
 from ..data.collation import faster_collator
 from ..data.columns import column_values, token_counts
 from ..errors import FinetuneError
+from ..fast_path.first_tokens import reading_first_tokens
+from ..fast_path.mask_without_reads import MaskWithoutReads
+from ..fast_path.mpnet_attention import FusedMPNetAttention
+from ..fast_path.packed_attention import PackedReading, attention_group_limit, packed_position_offset
 from .accumulation import (
     epochs_to_run,
     loss_items,
@@ -94,12 +98,8 @@ from .checkpointing import CrashSafeCheckpoints
 from .cuda_graphs import OwnedGradients, copied_tensors, uses_cuda_graphs
 from .device_copies import to_device_without_waiting
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
-from .first_tokens import reading_first_tokens
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
-from .mask_without_reads import MaskWithoutReads
 from .micro_batches import cut_window, keep_features
-from .mpnet_attention import FusedMPNetAttention
-from .packed_attention import PackedReading, attention_group_limit, packed_position_offset
 from .progress import EpochProgressBar, EvaluationProgressCallback
 from .sorted_evaluation import LengthSortedSampler, in_dataset_order, prediction_in_dataset_order, sorted_order
 

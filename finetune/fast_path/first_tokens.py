@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layers import classifier_of
+from .models import classifier_of
 from .review_attention import attention, first_token_attention_per_review
 
 # Classifiers whose head reads the encoder's first token only.

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from .layers import classifier_of
+from .models import classifier_of
 from .review_attention import attention_per_review, first_token_attention_per_review, masked_attention
 
 

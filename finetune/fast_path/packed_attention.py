@@ -38,8 +38,8 @@ from transformers.masking_utils import AttentionMaskInterface
 from ..errors import FinetuneError
 from .dropout_masks import cheaper_dropout
 from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
-from .layers import classifier_of
 from .mask_without_reads import sdpa_mask_without_reads
+from .models import classifier_of
 from .mpnet_attention import FusedMPNetAttention, classifier_name
 from .review_attention import attention_per_review
 

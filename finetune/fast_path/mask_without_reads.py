@@ -21,7 +21,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .layers import classifier_of
+from .models import classifier_of
 
 SDPA_WITHOUT_READS = "finetune_sdpa_without_reads"
 

@@ -1,0 +1,10 @@
+"""What the fast path needs to know of a model, whatever wraps it."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def classifier_of(model: nn.Module) -> nn.Module:
+    """The classifier itself: the model inside a PEFT wrapper, else ``model``."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
