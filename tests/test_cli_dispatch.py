@@ -149,12 +149,13 @@ CASES = [
             "explain": False,
             "raw_csv": False,
             "on_bad_text": "refuse",
+            "threshold": None,
         },
     ),
     (
         (
             "predict m --input in.csv --output - --text_column body --batch_size 2 --overwrite --explain "
-            "--raw_csv --on_bad_text replace"
+            "--raw_csv --on_bad_text replace --threshold 0.3"
         ),
         "predict:predict",
         {
@@ -167,6 +168,7 @@ CASES = [
             "explain": True,
             "raw_csv": True,
             "on_bad_text": "replace",
+            "threshold": 0.3,
         },
     ),
     (

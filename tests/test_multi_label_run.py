@@ -125,9 +125,52 @@ def test_the_run_says_its_tags_and_the_baseline_beside_them(tag_run):
     assert "micro-F1" in card and "| tag | threshold |" in card and "one-vs-rest" in card
 
 
-def test_reading_commands_refuse_a_tag_run_in_one_line(tag_run, capsys):
-    error = run_cli(["predict", tag_run, "--input", tag_run.parent / "test.jsonl", "--text_column", "review"], capsys)
+def independent_probabilities(run: Path, texts: list[str]) -> np.ndarray:
+    """Each tag's probability as transformers' own model and a sigmoid give it."""
+    model = AutoModelForSequenceClassification.from_pretrained(run).eval()
+    tokenizer = AutoTokenizer.from_pretrained(run)
+    with torch.no_grad():
+        return torch.sigmoid(model(**tokenizer(texts, padding=True, return_tensors="pt")).logits).numpy()
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_predict_gives_each_review_the_tags_at_or_above_their_thresholds(tag_run, tmp_path, suffix):
+    output = tmp_path / f"predictions{suffix}"
+    assert main(["predict", str(tag_run), "--input", str(tag_run.parent / "test.jsonl"), "--output", str(output)]) == 0
+    thresholds = json.loads((tag_run / "tag_thresholds.json").read_text())["thresholds"]
+    names = list(thresholds)
+    if suffix == ".jsonl":
+        rows = [json.loads(line) for line in output.read_text().splitlines()]
+        given = [row["labels"] for row in rows]
+    else:
+        import csv
+
+        rows = list(csv.DictReader(output.open(encoding="utf-8")))
+        given = [[tag for tag in row["labels"].split("|") if tag] for row in rows]
+    probabilities = independent_probabilities(tag_run, [row["review"] for row in rows])
+    expected = [[name for index, name in enumerate(names) if p[index] >= thresholds[name]] for p in probabilities]
+    assert given == expected
+    for row, p in zip(rows, probabilities):
+        assert [float(row[f"prob_{name}"]) for name in names] == pytest.approx(p.tolist(), abs=1e-5)
+
+
+def test_predict_threshold_flag_gives_every_tag_one_threshold(tag_run, tmp_path, capsys):
+    output = tmp_path / "p.jsonl"
+    test_file = tag_run.parent / "test.jsonl"
+    argv = ["predict", str(tag_run), "--input", str(test_file), "--output", str(output), "--threshold", "0.5"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    names = list(json.loads((tag_run / "tag_thresholds.json").read_text())["thresholds"])
+    assert [row["labels"] for row in rows] == [[n for n in names if row[f"prob_{n}"] >= 0.5] for row in rows]
+    assert "--threshold must be between 0 and 1 (got 1.0)" in run_cli(["predict", tag_run, "--threshold", "1"], capsys)
+
+
+def test_commands_that_read_one_label_refuse_a_tag_run_in_one_line(tag_run, capsys):
+    error = run_cli(["evaluate", tag_run], capsys)
     assert "several tags per review" in error and "top_k=None" in error
+    test_file = tag_run.parent / "test.jsonl"
+    assert "drop --explain" in run_cli(["predict", tag_run, "--input", test_file, "--explain"], capsys)
 
 
 def test_tags_separated_in_a_csv_and_a_review_with_none_train(tmp_path, tiny_model_dir):

@@ -41,6 +41,7 @@ def predict(
     explain: bool = False,
     raw_csv: bool = False,
     on_bad_text: str = "refuse",
+    threshold: float | None = None,
 ) -> int:
     """Classify reviews from ``input_path`` (CSV, TSV or JSONL; stdin lines when None or '-'); returns the count.
 
@@ -50,6 +51,11 @@ def predict(
     ``top_words`` column too: the words that pushed each review toward its
     label (:mod:`finetune.evaluation.explain`), as ``"word (score); ..."`` in
     CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL.
+
+    A multi_label run (several tags per review) writes ``labels`` instead: the
+    tags whose probability reaches their threshold (``tag_thresholds.json``, or
+    ``threshold`` for every tag), joined by the run's ``label_separator`` (``|``)
+    in CSV and TSV, a list in JSONL; and one ``prob_<tag>`` column per tag.
 
     CSV and TSV cells that a spreadsheet would run as a formula are written
     after a ``'``, and a CSV or TSV input loses that ``'`` again
@@ -64,7 +70,7 @@ def predict(
 
     # Every check before the model loads: a mistake costs a second, not an inference.
     model_dir = Path(model_path)
-    output_path = _checked_output(model_dir, output_path, batch_size, overwrite, explain, on_bad_text)
+    output_path = _checked_output(model_dir, output_path, batch_size, overwrite, explain, on_bad_text, threshold)
     data_fields = (find_run_config(model_dir) or {}).get("data", {})
     rows, input_format = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
     with _Output(output_path, input_format, replace=overwrite, raw_csv=raw_csv) as output, rows:
@@ -74,7 +80,7 @@ def predict(
             # stdin is not waited on, so the first review piped in finds the model ready.
             first = list(itertools.islice(batches, 1))
             batches = itertools.chain(first, batches)
-        reading = _Reading(model_dir, data_fields, text_column, input_path, batch_size, explain)
+        reading = _Reading(model_dir, data_fields, text_column, input_path, batch_size, explain, threshold)
         count, empty_reviews = _predict_batches(batches, reading, output)
         if count == 0 and rows.is_stdin:
             raise FinetuneError("no reviews on stdin; pipe one review per line or pass --input FILE")
@@ -87,13 +93,21 @@ def predict(
 
 
 def _checked_output(
-    model_dir: Path, output_path: str | None, batch_size: int, overwrite: bool, explain: bool, on_bad_text: str
+    model_dir: Path,
+    output_path: str | None,
+    batch_size: int,
+    overwrite: bool,
+    explain: bool,
+    on_bad_text: str,
+    threshold: float | None = None,
 ) -> str | None:
     """``--output`` checked before anything is read (None: standard output), with the other options."""
     from ..config.output_files import is_stream
     from ..evaluation.inference import check_batch_size
 
     check_batch_size(batch_size)
+    if threshold is not None and not 0.0 < threshold < 1.0:
+        raise FinetuneError(f"--threshold must be between 0 and 1 (got {threshold}); e.g. --threshold 0.5")
     if on_bad_text not in ON_BAD_TEXT:
         raise FinetuneError(f"--on_bad_text must be one of {', '.join(ON_BAD_TEXT)} (got {on_bad_text!r})")
     if explain and model_dir.is_dir():
@@ -130,6 +144,7 @@ class _Reading:
     input_path: str | None
     batch_size: int
     explain: bool
+    threshold: float | None = None
 
 
 def _predict_batches(
@@ -141,9 +156,10 @@ def _predict_batches(
     from ..data.encoding import ReviewEncoding
     from ..evaluation.inference import load_inference_model, predict_probabilities, warn_if_model_changed
 
-    model, tokenizer = load_inference_model(reading.model_dir)
+    model, tokenizer = load_inference_model(reading.model_dir, tags_read=True)
     # After the check: a model that does not work is refused in one line, with no warning before it.
     warn_if_model_changed(reading.model_dir, "its predictions")
+    tags = _Tags.of(model, reading, output.format)
     fields = reading.data_fields
     encoding = ReviewEncoding.from_fields(fields)
     label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
@@ -165,7 +181,7 @@ def _predict_batches(
             predict_probabilities(model, tokenizer, nonempty, reading.batch_size, encoding) if nonempty else []
         )
         # The model's columns for each non-empty review, joined to its input row below.
-        results = [_result({}, probs, label_names) for probs in probabilities]
+        results = [_result({}, probs, label_names) if tags is None else tags.result(probs) for probs in probabilities]
         if reading.explain:
             _add_top_words(
                 results, model, tokenizer, nonempty, probabilities, reading.batch_size, encoding, output.format
@@ -173,7 +189,7 @@ def _predict_batches(
         answers = iter(results)
         output.write(
             [
-                {**row, **next(answers)} if text else _no_result(row, label_names, reading.explain)
+                {**row, **next(answers)} if text else _no_result(row, label_names, reading.explain, tags is not None)
                 for row, text in zip(batch, texts)
             ]
         )
@@ -209,10 +225,66 @@ def _result(row: dict[str, Any], probs: Any, label_names: list[str]) -> dict[str
     return result
 
 
-def _no_result(row: dict[str, Any], label_names: list[str], explain: bool = False) -> dict[str, Any]:
+def _no_result(
+    row: dict[str, Any], label_names: list[str], explain: bool = False, tags: bool = False
+) -> dict[str, Any]:
     """The columns of a result, empty: for a review with no text, which no label describes."""
-    empty = {**row, "label": "", "probability": None, **{f"prob_{name}": None for name in label_names}}
+    given = {"labels": None} if tags else {"label": "", "probability": None}
+    empty = {**row, **given, **{f"prob_{name}": None for name in label_names}}
     return {**empty, "top_words": None} if explain else empty
+
+
+@dataclass
+class _Tags:
+    """How a multi_label run's tags are given: each tag's threshold, and how a set of tags is written."""
+
+    names: list[str]
+    thresholds: Any  # one per tag
+    separator: str
+    as_list: bool  # JSON Lines: a list; CSV and TSV: the tags joined by the separator
+
+    @classmethod
+    def of(cls, model: Any, reading: _Reading, output_format: str) -> _Tags | None:
+        """The tags of a multi_label model (None for one label per review); refuses ``--explain`` with them."""
+        import numpy as np
+
+        if getattr(model.config, "problem_type", None) != "multi_label_classification":
+            return None
+        if reading.explain:
+            raise FinetuneError(
+                "--explain gives the words behind one label per review, and this run gives several tags; drop --explain"
+            )
+        names = [model.config.id2label[index] for index in range(model.config.num_labels)]
+        if reading.threshold is not None:
+            thresholds = np.full(len(names), reading.threshold)
+        else:
+            thresholds = np.array([_tag_thresholds(reading.model_dir).get(name, 0.5) for name in names])
+        separator = reading.data_fields.get("label_separator") or "|"
+        return cls(names, thresholds, separator, output_format == "jsonl")
+
+    def result(self, probs: Any) -> dict[str, Any]:
+        """A review's tags (those at or above their threshold) and every tag's probability."""
+        given = [name for name, p, limit in zip(self.names, probs, self.thresholds) if p >= limit]
+        result: dict[str, Any] = {"labels": given if self.as_list else self.separator.join(given)}
+        result.update({f"prob_{name}": round(float(p), 6) for name, p in zip(self.names, probs)})
+        return result
+
+
+def _tag_thresholds(model_dir: Path) -> dict[str, float]:
+    """The run's tuned threshold per tag (``tag_thresholds.json`` in the folder, or the run's above a checkpoint)."""
+    import json
+
+    for folder in (model_dir, model_dir.parent):
+        path = folder / "tag_thresholds.json"
+        if path.is_file():
+            try:
+                return dict(json.loads(path.read_text(encoding="utf-8"))["thresholds"])
+            except (ValueError, KeyError, TypeError) as error:
+                raise FinetuneError(
+                    f"{path} is damaged ({error}); pass --threshold 0.5 to give every tag one threshold"
+                ) from None
+    print("note: no tag_thresholds.json beside the model; every tag's threshold is 0.5", file=sys.stderr)
+    return {}
 
 
 def _add_top_words(

@@ -52,13 +52,14 @@ def require_inference_folder(model_dir: Path) -> None:
     require_model_folder(model_dir)
 
 
-def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]:
+def load_inference_model(model_dir: Path, tags_read: bool = False) -> tuple[Any, PreTrainedTokenizerBase]:
     """The classifier in ``model_dir`` (PyTorch, or OpenVINO / ONNX Runtime for an int8 export) and its tokenizer.
 
     A PyTorch model is loaded by :func:`~finetune.training.model_check.check_model_folder`, so one
     whose weights do not fit its config, whose classes are not the run's or whose answers are not
     numbers is refused in one line. An int8 export made with ``--fp32_fallback`` comes wrapped with
-    its fp32 model (:mod:`.fallback`).
+    its fp32 model (:mod:`.fallback`). A model with several tags per review is refused unless the
+    caller reads tags (``tags_read``: ``predict``).
     """
     from transformers import AutoTokenizer
 
@@ -66,7 +67,8 @@ def load_inference_model(model_dir: Path) -> tuple[Any, PreTrainedTokenizerBase]
     from ..training.model_files import require_vocabulary
 
     require_inference_folder(model_dir)
-    refuse_tag_model(model_dir, "finetune predict, evaluate, serve and export read")
+    if not tags_read:
+        refuse_tag_model(model_dir, "finetune evaluate, serve and export read")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     require_vocabulary(tokenizer, model_dir)
     if not is_exported_folder(model_dir):
@@ -107,7 +109,7 @@ def predict_probabilities(
     batch_size: int = 32,
     encoding: ReviewEncoding | None = None,
 ) -> np.ndarray:
-    """Softmax probabilities, one row per text, in the order given.
+    """Softmax probabilities, one row per text, in the order given (a sigmoid per tag for a multi_label model).
 
     Each text is encoded as ``encoding`` says (cut to ``max_length``, or with
     ``sliding_window`` as overlapping windows whose logits are averaged).
@@ -137,6 +139,8 @@ def predict_probabilities(
     np.add.at(summed, owners, logits)
     counts = np.bincount(owners, minlength=len(texts))[:, None]
     review_logits = torch.from_numpy(summed / counts)
+    if getattr(model.config, "problem_type", None) == "multi_label_classification":
+        return torch.sigmoid(review_logits).numpy().astype(np.float32)  # each tag a yes/no of its own
     return torch.softmax(review_logits, dim=-1).numpy().astype(np.float32)
 
 

@@ -47,7 +47,7 @@ def refuse_tag_model(folder: str | Path, readers: str) -> None:
         raise FinetuneError(
             f"{folder} holds a model with several tags per review (a multi_label run), and {readers} one label "
             "per review for now; score it with transformers.pipeline('text-classification', model=FOLDER, "
-            "top_k=None) and the thresholds in its tag_thresholds.json"
+            "top_k=None) and the thresholds in its tag_thresholds.json, or label reviews with finetune predict"
         )
 
 

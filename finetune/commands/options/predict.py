@@ -22,6 +22,10 @@ class PredictOptions:
     batch_size: int = option(32, type=positive_int)
     overwrite: bool = option(False, help="replace --output if it exists")
     explain: bool = option(False, help="add top_words: the words that pushed each review toward its label")
+    threshold: float | None = option(
+        help="a multi_label run's tags: give a tag where its probability reaches this, for every tag "
+        "(default: each tag's own, tuned on validation, from tag_thresholds.json)"
+    )
     raw_csv: bool = raw_csv_option("the output's", "--input")
     on_bad_text: str = on_bad_text_option("a JSON Lines row", "refused naming its line")
 
