@@ -63,8 +63,8 @@ def causal_lm() -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def token_classifier() -> BertForTokenClassification:
-    """A 2-layer BERT token classifier of hidden size 16 with 3 tags per token, no dropout."""
+def tiny_bert(model_class: type, **head: object) -> torch.nn.Module:
+    """A 2-layer BERT of hidden size 16 without dropout, seeded, with ``head``'s settings (labels, problem type)."""
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=VOCAB,
@@ -73,47 +73,26 @@ def token_classifier() -> BertForTokenClassification:
         num_hidden_layers=2,
         num_attention_heads=2,
         max_position_embeddings=64,
-        num_labels=3,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
+        **head,
     )
-    return BertForTokenClassification(config)
+    return model_class(config)
+
+
+def token_classifier() -> BertForTokenClassification:
+    """A tiny BERT token classifier with 3 tags per token."""
+    return tiny_bert(BertForTokenClassification, num_labels=3)
 
 
 def tag_classifier() -> BertForSequenceClassification:
-    """A 2-layer BERT classifier of hidden size 16 giving 3 tags per review (sigmoid, binary cross-entropy)."""
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-        num_labels=3,
-        problem_type="multi_label_classification",
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return BertForSequenceClassification(config)
+    """A tiny BERT classifier giving 3 tags per review (sigmoid, binary cross-entropy)."""
+    return tiny_bert(BertForSequenceClassification, num_labels=3, problem_type="multi_label_classification")
 
 
 def rating_regressor() -> BertForSequenceClassification:
-    """A 2-layer BERT of hidden size 16 that predicts a star rating as one number (mean squared error)."""
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-        num_labels=1,
-        problem_type="regression",
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return BertForSequenceClassification(config)
+    """A tiny BERT that predicts a star rating as one number (mean squared error)."""
+    return tiny_bert(BertForSequenceClassification, num_labels=1, problem_type="regression")
 
 
 def rated_rows(count: int, seed: int) -> datasets.Dataset:
