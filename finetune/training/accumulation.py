@@ -109,9 +109,12 @@ def weighted_share(
     back through it.
     """
     share = share_of_window(micro_items, window_items)
+    if not isinstance(micro_items, torch.Tensor):
+        # Known on the host (no tensor is made or copied to a GPU): a product, its NaN (0 / 0 x 0) zeroed.
+        # nan_to_num passes no gradient where its input is NaN, and 0 x the gradient elsewhere.
+        return mean_loss * share if micro_items > 0 else torch.nan_to_num(mean_loss * 0.0, nan=0.0)
     # Where, not a product: NaN x 0 is NaN, while where's unselected side takes a zero gradient.
-    has_items = micro_items > 0 if isinstance(micro_items, torch.Tensor) else torch.tensor(micro_items > 0)
-    return torch.where(has_items.to(mean_loss.device), mean_loss * share, 0.0)
+    return torch.where(micro_items > 0, mean_loss * share, 0.0)
 
 
 def takes_item_count(loss_function: Any) -> bool:
