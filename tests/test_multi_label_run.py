@@ -167,8 +167,6 @@ def test_predict_threshold_flag_gives_every_tag_one_threshold(tag_run, tmp_path,
 
 
 def test_commands_that_read_one_label_refuse_a_tag_run_in_one_line(tag_run, capsys):
-    error = run_cli(["evaluate", tag_run], capsys)
-    assert "several tags per review" in error and "top_k=None" in error
     test_file = tag_run.parent / "test.jsonl"
     assert "drop --explain" in run_cli(["predict", tag_run, "--input", test_file, "--explain"], capsys)
 
@@ -237,3 +235,72 @@ def test_bad_tags_are_one_line_naming_the_fix(tmp_path, tiny_model_dir, capsys, 
 def test_label_bins_with_tags_is_refused(tmp_path, tiny_model_dir, capsys):
     recipe = tag_recipe(tmp_path, tiny_model_dir, label_separator="|", label_bins="low=1-2,high=3-5")
     assert "label_bins groups ratings into one class per review" in run_cli(["train", recipe], capsys)
+
+
+def test_the_report_pictures_each_tag_and_the_tags_that_come_together(tag_run):
+    report = json.loads((tag_run / "test_report.json").read_text())
+    rows = [json.loads(line) for line in (tag_run.parent / "test.jsonl").read_text().splitlines()]
+    names = list(report["per_class"])
+    truth = np.array([[name in row["tags"] for name in names] for row in rows], dtype=int)
+    assert report["cooccurrence"] == (truth.T @ truth).tolist()
+    metrics = json.loads((tag_run / "report" / "metrics.json").read_text())
+    for picture in ("tag_f1_test.png", "tag_cooccurrence_test.png"):
+        assert (tag_run / "report" / picture).stat().st_size > 10_000
+        assert picture in metrics["pictures"]
+        assert f"(report/{picture})" in (tag_run / "README.md").read_text()
+    assert not (tag_run / "report" / "confusion_matrix_test.png").exists()
+
+
+@pytest.fixture(scope="module")
+def tag_evaluation(tag_run):
+    assert main(["evaluate", str(tag_run), "--resamples", "200"]) == 0
+    return json.loads((tag_run / "evaluation_test.json").read_text())
+
+
+def test_evaluate_scores_every_checkpoint_on_micro_f1_as_an_independent_reading_does(tag_run, tag_evaluation):
+    models = [report for report in tag_evaluation if report.get("kind") != "baseline"]
+    assert [report["step"] for report in models][-1] is None and len(models) == 4  # 3 checkpoints and the final
+    thresholds = json.loads((tag_run / "tag_thresholds.json").read_text())["thresholds"]
+    rows = [json.loads(line) for line in (tag_run.parent / "test.jsonl").read_text().splitlines()]
+    names = list(thresholds)
+    truth = np.array([[name in row["tags"] for name in names] for row in rows])
+    for report in models:
+        probabilities = independent_probabilities(Path(report["model"]), [row["review"] for row in rows])
+        predicted = probabilities >= np.array([thresholds[name] for name in names])
+        expected = f1_score(truth, predicted, average="micro", zero_division=0)
+        assert report["micro_f1"] == pytest.approx(expected, abs=1e-9), report["model"]
+    best = max(models, key=lambda report: report["micro_f1"])
+    assert best["best"] and sum(report["best"] for report in models) == 1
+    assert all("vs_best" in report for report in tag_evaluation if not report.get("best"))
+
+
+def test_evaluate_puts_the_one_vs_rest_baseline_beside_with_a_paired_test(tag_evaluation):
+    baseline = tag_evaluation[-1]
+    assert baseline["kind"] == "baseline" and "one-vs-rest" in baseline["description"]
+    best = next(report for report in tag_evaluation if report.get("best"))
+    lead = baseline["best_vs_baseline"]["micro_f1"]
+    assert lead == pytest.approx(best["micro_f1"] - baseline["micro_f1"], abs=1e-4)
+    comparison = baseline["vs_best"]
+    assert comparison["micro_f1_difference"] == pytest.approx(lead, abs=1e-4)
+    low, high = comparison["micro_f1_interval"]
+    assert low <= comparison["micro_f1_difference"] <= high
+
+
+def test_evaluate_lists_the_reviews_whose_tags_are_most_wrong(tag_run, tag_evaluation):
+    import pandas as pd
+
+    errors = pd.read_csv(tag_run / "errors_test.csv", keep_default_na=False)
+    assert list(errors.columns) == ["text", "true", "predicted", "missed", "extra", "wrong_tags", "loss"]
+    assert list(errors["wrong_tags"]) == sorted(errors["wrong_tags"], reverse=True)
+    for row in errors.itertuples():
+        true, predicted = set(filter(None, row.true.split("|"))), set(filter(None, row.predicted.split("|")))
+        assert set(filter(None, row.missed.split("|"))) == true - predicted
+        assert set(filter(None, row.extra.split("|"))) == predicted - true
+        assert row.wrong_tags == len(true ^ predicted)
+    for picture in ("tag_f1_test.png", "tag_cooccurrence_test.png", "evaluation_test.md"):
+        assert (tag_run / picture).is_file()
+
+
+def test_evaluate_refuses_calibrating_tags_and_mixing_kinds(tag_run, finished_run, capsys):
+    assert "leave out --calibrate" in run_cli(["evaluate", tag_run, "--calibrate"], capsys)
+    assert "compare runs of one kind" in run_cli(["evaluate", tag_run, finished_run / "run"], capsys)

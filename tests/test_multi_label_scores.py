@@ -105,3 +105,57 @@ def test_intervals_of_many_tags_stay_small_in_memory():
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 200 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+
+
+def test_a_paired_comparison_of_two_tag_models_against_scikit_learn():
+    from finetune.evaluation.multi_label import paired_tag_comparison
+
+    rng = np.random.default_rng(5)
+    truth = rng.random((200, 4)) < 0.3
+    good = truth ^ (rng.random(truth.shape) < 0.05)  # 5% of review-tag pairs flipped
+    poor = truth ^ (rng.random(truth.shape) < 0.30)
+    comparison = paired_tag_comparison(good, poor, truth, resamples=300, seed=1)
+    for metric in ("micro", "macro"):
+        expected = f1_score(truth, good, average=metric, zero_division=0) - f1_score(
+            truth, poor, average=metric, zero_division=0
+        )
+        assert comparison[f"{metric}_f1_difference"] == pytest.approx(expected, abs=1e-12)
+        low, high = comparison[f"{metric}_f1_interval"]
+        assert 0 < low <= expected <= high
+    assert comparison["distinguishable"]
+    # McNemar counts the review-tag pairs exactly one of the two gets right.
+    only_good = int(((good == truth) & (poor != truth)).sum())
+    only_poor = int(((good != truth) & (poor == truth)).sum())
+    assert comparison["mcnemar"]["only_best_right"] == only_good
+    assert comparison["mcnemar"]["only_other_right"] == only_poor
+    assert comparison["mcnemar"]["p_value"] < 1e-6
+
+    same = paired_tag_comparison(good, good, truth, resamples=50, seed=1)
+    assert same["micro_f1_interval"] == [0.0, 0.0] and not same["distinguishable"]
+    assert same["mcnemar"]["p_value"] == 1.0
+
+
+def test_the_tag_errors_list_puts_the_most_tags_wrong_first():
+    from finetune.evaluation.errors import largest_tag_errors
+
+    names = ["price", "size", "delivery"]
+    labels = [[1, 0, 0], [1, 1, 0], [0, 0, 1], [0, 0, 0]]
+    probabilities = [
+        [0.9, 0.1, 0.2],  # right
+        [0.2, 0.1, 0.9],  # all three wrong
+        [0.6, 0.1, 0.8],  # one extra, confident
+        [0.55, 0.1, 0.1],  # one extra, hesitant
+    ]
+    rows = largest_tag_errors(["a", "b", "c", "d"], labels, probabilities, [0.5, 0.5, 0.5], names, count=3)
+    assert [row["text"] for row in rows] == ["b", "c", "d"]
+    assert rows[0] == {
+        "text": "b",
+        "true": "price|size",
+        "predicted": "delivery",
+        "missed": "price|size",
+        "extra": "delivery",
+        "wrong_tags": 3,
+        # -log(0.2) - log(0.1) - log(1 - 0.9), computed by hand
+        "loss": round(-np.log(0.2) - np.log(0.1) - np.log(0.1), 6),
+    }
+    assert rows[1]["extra"] == "price" and rows[1]["missed"] == "" and rows[1]["loss"] > rows[2]["loss"]

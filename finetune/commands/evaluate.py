@@ -53,6 +53,11 @@ def evaluate(
     """
     paths = [path] if isinstance(path, str) else list(path)
     models = _models_to_score(paths, calibrate)
+    if _tag_models(models):
+        from .evaluate_tags import evaluate_tags, refuse_tag_calibration
+
+        refuse_tag_calibration(calibrate)
+        return evaluate_tags(paths, models, data, split, batch_size, baseline, resamples, seed, raw_csv)
     label_names = _shared_label_names(models)
     # Checked before anything is scored or written: a refused calibration leaves the folder as it was.
     calibration_data = _calibration_data(models[-1], label_names) if calibrate else None
@@ -150,6 +155,19 @@ def _models_to_score(paths: list[str], calibrate: bool) -> list[Path]:
         # The weights are checked as each model loads to be scored; its classes before they are compared.
         check_model_config(model_dir)
     return models
+
+
+def _tag_models(models: list[Path]) -> bool:
+    """Whether the models hold several tags per review (all of them); a mix of the two kinds is refused."""
+    from ..evaluation.multi_label import is_tag_model
+
+    kinds = {model_dir: is_tag_model(model_dir) for model_dir in models}
+    if len(set(kinds.values())) > 1:
+        tagged = ", ".join(str(model_dir) for model_dir, tags in kinds.items() if tags)
+        raise FinetuneError(
+            f"{tagged} predict several tags per review and the others one label; compare runs of one kind"
+        )
+    return all(kinds.values())
 
 
 def _shared_label_names(models: list[Path]) -> list[str]:

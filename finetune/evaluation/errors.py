@@ -91,3 +91,65 @@ def _largest_loss_order(labels: Sequence[int], probabilities: Any, count: int) -
     # A probability of exactly 0 would be an infinite loss; the order is what matters.
     losses = -np.log(np.clip(true_probability, 1e-12, None))
     return np.argsort(-losses, kind="stable")[:count]
+
+
+# ------------------------------------------------------------- several tags per review
+
+TAG_ERROR_COLUMNS = ["text", "true", "predicted", "missed", "extra", "wrong_tags", "loss"]
+# How a set of tags is written in one cell of the errors file.
+TAG_JOINER = "|"
+
+
+def largest_tag_errors(
+    texts: Sequence[str],
+    labels: Any,
+    probabilities: Any,
+    thresholds: Any,
+    tag_names: Sequence[str],
+    count: int = LARGEST_LOSSES,
+) -> list[dict[str, Any]]:
+    """The ``count`` reviews whose predicted tags differ most from their true tags, most first, as CSV rows.
+
+    Most first means the most tags wrong (missed plus extra), and among reviews
+    with as many wrong, the largest loss (the binary cross-entropy summed over
+    tags), so a confident mistake comes before a hesitant one. ``missed`` are the
+    true tags not predicted, ``extra`` the predicted tags that are not true.
+    """
+    probabilities = np.clip(np.asarray(probabilities, dtype=np.float64), 1e-12, 1 - 1e-12)
+    truth = np.asarray(labels, dtype=np.float64).reshape(probabilities.shape) > 0.5
+    guess = probabilities >= np.asarray(thresholds, dtype=np.float64)
+    wrong = (truth != guess).sum(axis=1)
+    losses = -np.where(truth, np.log(probabilities), np.log1p(-probabilities)).sum(axis=1)
+    # lexsort sorts by its last key first: most tags wrong, then largest loss; ties keep input order.
+    order = np.lexsort((np.arange(len(wrong)), -losses, -wrong))[:count]
+
+    def named(row: np.ndarray) -> str:
+        return TAG_JOINER.join(name for name, held in zip(tag_names, row) if held)
+
+    return [
+        {
+            "text": texts[index],
+            "true": named(truth[index]),
+            "predicted": named(guess[index]),
+            "missed": named(truth[index] & ~guess[index]),
+            "extra": named(~truth[index] & guess[index]),
+            "wrong_tags": int(wrong[index]),
+            "loss": round(float(losses[index]), 6),
+        }
+        for index in order
+    ]
+
+
+def write_tag_errors(path: Path, rows: list[dict[str, Any]], raw_csv: bool = False) -> Path:
+    """Write :func:`largest_tag_errors`' rows as CSV (``TAG_ERROR_COLUMNS``), formula-like cells guarded.
+
+    As :func:`write_largest_losses`: a cell that a spreadsheet would run as a
+    formula is written after a ``'``, unless ``raw_csv``.
+    """
+    import pandas as pd
+
+    if not raw_csv:
+        rows = [guard_row(row) for row in rows]
+    with output_file(path) as handle:
+        pd.DataFrame(rows, columns=TAG_ERROR_COLUMNS).to_csv(handle, index=False)
+    return path

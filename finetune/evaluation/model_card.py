@@ -430,6 +430,8 @@ def _pictures(folder: Path) -> list[str]:
         ("lr.png", "learning rate per update"),
         ("grad_norm.png", "gradient norm"),
         ("confusion_matrix_test.png", "test confusion matrix"),
+        ("tag_f1_test.png", "each tag's test F1, with the baseline's"),
+        ("tag_cooccurrence_test.png", "how often the test reviews' tags come together"),
     ]
     present = [(name, what) for name, what in shown if (report / name).is_file()]
     if not present:

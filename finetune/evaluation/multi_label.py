@@ -18,6 +18,7 @@ bootstrap intervals over reviews, in memory bounded by the number of tags.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -136,18 +137,37 @@ def multi_label_report(
 ) -> dict[str, Any]:
     """A multi_label run's test report: thresholds tuned on ``validation`` (probabilities, labels), then the scores.
 
-    Without a validation split every threshold is ``DEFAULT_THRESHOLD``. The
-    report keeps the single-label report's keys where they mean the same:
-    ``accuracy`` is subset accuracy (the whole set of tags right, scikit-learn's
-    ``accuracy_score`` on tag rows), ``per_class`` is per tag; ``micro_f1`` is the headline.
+    Without a validation split every threshold is ``DEFAULT_THRESHOLD``. See
+    :func:`tag_report` for what the report holds.
     """
     if validation is not None:
         thresholds, tuned_on = tune_thresholds(*validation), "validation"
     else:
         thresholds, tuned_on = np.full(len(tag_names), DEFAULT_THRESHOLD), "none (0.5 for every tag)"
-    predicted = predicted_tags(test_probabilities, thresholds)
-    scores = tag_scores(test_labels, predicted, tag_names)
-    intervals = tag_score_intervals(test_labels, predicted)
+    return tag_report(test_probabilities, test_labels, tag_names, thresholds, tuned_on)
+
+
+def tag_report(
+    probabilities: np.ndarray,
+    labels: np.ndarray,
+    tag_names: list[str],
+    thresholds: np.ndarray,
+    tuned_on: str,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The scores of tags predicted at ``thresholds``, with 95% bootstrap intervals, as a report dict.
+
+    The report keeps the single-label report's keys where they mean the same:
+    ``accuracy`` is subset accuracy (the whole set of tags right, scikit-learn's
+    ``accuracy_score`` on tag rows), ``per_class`` is per tag; ``micro_f1`` is the
+    headline. ``cooccurrence`` counts the reviews that truly hold each pair of tags
+    (its diagonal: each tag's reviews), for the co-occurrence picture.
+    """
+    truth = _as_rows(labels).astype(bool)
+    predicted = predicted_tags(probabilities, thresholds)
+    scores = tag_scores(truth, predicted, tag_names)
+    intervals = tag_score_intervals(truth, predicted, resamples, seed)
     return {
         "task": "multi_label",
         "micro_f1": scores["micro_f1"],
@@ -156,9 +176,10 @@ def multi_label_report(
         "hamming_loss": scores["hamming_loss"],
         "per_class": scores["per_tag"],
         "support": [row["support"] for row in scores["per_tag"].values()],
-        "num_samples": len(np.asarray(test_labels)),
+        "num_samples": len(truth),
         "thresholds": dict(zip(tag_names, (float(value) for value in thresholds))),
         "thresholds_tuned_on": tuned_on,
+        "cooccurrence": (truth.T.astype(np.int64) @ truth.astype(np.int64)).tolist(),
         "intervals": {
             "resamples": intervals["resamples"],
             "seed": intervals["seed"],
@@ -168,6 +189,63 @@ def multi_label_report(
             "per_class_f1": dict(zip(tag_names, intervals["per_tag_f1"])),
         },
     }
+
+
+def paired_tag_comparison(
+    best_predicted: np.ndarray,
+    other_predicted: np.ndarray,
+    labels: np.ndarray,
+    resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Best minus other in micro- and macro-F1 on the same resamples of the same reviews, and McNemar's test.
+
+    The paired bootstrap draws each resample's review counts once and scores
+    both models on them; ``distinguishable`` is True only when the interval of
+    the micro-F1 difference (what the best is chosen by) excludes 0. McNemar's
+    exact test counts the review-tag pairs exactly one of the two gets right.
+    """
+    from scipy.stats import binomtest
+
+    truth = _as_rows(labels).astype(bool)
+    best, other = _as_rows(best_predicted).astype(bool), _as_rows(other_predicted).astype(bool)
+    rng = np.random.default_rng(seed)
+    reviews = len(truth)
+    micro, macro = [], []
+    for start in range(0, resamples, RESAMPLES_AT_ONCE):
+        draws = min(RESAMPLES_AT_ONCE, resamples - start)
+        weights = rng.multinomial(reviews, np.full(reviews, 1.0 / reviews), size=draws).astype(np.float64)
+        best_counts, other_counts = _pair_counts(truth, best, weights), _pair_counts(truth, other, weights)
+        micro.append(_micro_f1(best_counts) - _micro_f1(other_counts))
+        macro.append(_f1(*best_counts).mean(axis=1) - _f1(*other_counts).mean(axis=1))
+    best_right, other_right = best == truth, other == truth
+    only_best, only_other = int(np.sum(best_right & ~other_right)), int(np.sum(~best_right & other_right))
+    mcnemar_p = binomtest(only_best, only_best + only_other).pvalue if only_best + only_other else 1.0
+    whole = np.ones((1, reviews))
+    tail = (1.0 - confidence) / 2 * 100
+    result: dict[str, Any] = {"method": "paired bootstrap", "confidence": confidence, "resamples": resamples}
+    for metric, differences in (("micro_f1", micro), ("macro_f1", macro)):
+        score = _micro_f1 if metric == "micro_f1" else (lambda counts: _f1(*counts).mean(axis=1))
+        point = score(_pair_counts(truth, best, whole)) - score(_pair_counts(truth, other, whole))
+        result[f"{metric}_difference"] = float(point[0])
+        result[f"{metric}_interval"] = np.percentile(np.concatenate(differences), (tail, 100 - tail)).tolist()
+    low, high = result["micro_f1_interval"]
+    result["distinguishable"] = bool(low > 0 or high < 0)
+    result["mcnemar"] = {"only_best_right": only_best, "only_other_right": only_other, "p_value": float(mcnemar_p)}
+    return result
+
+
+def describe_tag_comparison(comparison: dict[str, Any]) -> str:
+    """``'not distinguishable'`` or ``'best better'``, with the micro-F1 difference interval and McNemar's p."""
+    low, high = comparison["micro_f1_interval"]
+    verdict = "not distinguishable" if not comparison["distinguishable"] else "best better" if low > 0 else "best worse"
+    return f"{verdict} (micro-F1 diff [{low:+.3f}, {high:+.3f}], McNemar p={comparison['mcnemar']['p_value']:.2g})"
+
+
+def _micro_f1(counts: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Micro-F1 per resample from per-tag (true positive, false positive, false negative) counts."""
+    return _f1(*(count.sum(axis=1) for count in counts))
 
 
 def _pair_counts(truth: np.ndarray, guess: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -195,3 +273,42 @@ def _as_rows(values: Any) -> np.ndarray:
     """``values`` as a 2-D array of reviews by tags."""
     array = np.asarray(values)
     return array.reshape(len(array), -1)
+
+
+# The run folder's file of per-tag thresholds (a multi_label run), tuned on the validation split.
+THRESHOLDS_FILE = "tag_thresholds.json"
+
+
+def read_tag_thresholds(model_dir: Path, tag_names: list[str]) -> tuple[np.ndarray, str]:
+    """The thresholds a model's run tuned (its folder's ``tag_thresholds.json``, or the run's above a checkpoint).
+
+    Returns one threshold per tag, in ``tag_names`` order, and where they came
+    from; ``DEFAULT_THRESHOLD`` for every tag where the run saved none.
+    """
+    import json
+
+    from ..errors import FinetuneError
+
+    for folder in (model_dir, model_dir.parent):
+        path = folder / THRESHOLDS_FILE
+        if not path.is_file():
+            continue
+        try:
+            saved = dict(json.loads(path.read_text(encoding="utf-8"))["thresholds"])
+            return np.array([float(saved.get(name, DEFAULT_THRESHOLD)) for name in tag_names]), str(path)
+        except (ValueError, KeyError, TypeError) as error:
+            raise FinetuneError(
+                f"{path} is damaged ({error}); restore it from a copy of the run, or delete it to use 0.5 for every tag"
+            ) from None
+    return np.full(len(tag_names), DEFAULT_THRESHOLD), f"none saved ({DEFAULT_THRESHOLD} for every tag)"
+
+
+def is_tag_model(model_dir: Path) -> bool:
+    """Whether the model folder holds a multi_label model (its config's ``problem_type``); False without a config."""
+    import json
+
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("problem_type") == "multi_label_classification"

@@ -159,14 +159,7 @@ def write_run_report(
     warmup_updates = args.get_warmup_steps(state.max_steps) if state.max_steps else 0
     heading = f"recipe {recipe_name(recipe)}, {batch_caption(batch)}"
     pictures = _draw_training(folder, args, state, update_rows, evaluation_rows, heading, warmup_updates)
-    if test_report is not None and test_report.get("confusion_matrix") is not None:
-        plot_confusion_matrix(
-            folder / "confusion_matrix_test.png",
-            test_report["confusion_matrix"],
-            list(test_report["per_class"]),
-            _score_title("the final model on test", test_report),
-        )
-        pictures["confusion_matrix_test.png"] = "test confusion matrix of the saved model (metrics.json, test)"
+    pictures.update(_draw_test(folder, test_report, baseline))
 
     metrics = {
         "recipe": recipe,
@@ -220,6 +213,25 @@ def _draw_training(
     }
 
 
+def _draw_test(folder: Path, test_report: dict[str, Any] | None, baseline: dict[str, Any] | None) -> dict[str, str]:
+    """The test pictures in ``folder``: the confusion matrix, or for tags each tag's F1 and their co-occurrence."""
+    if test_report is None:
+        return {}
+    if test_report.get("task") == "multi_label":
+        from .tag_pictures import draw_tag_pictures
+
+        return draw_tag_pictures(folder, test_report, ((baseline or {}).get("scores") or {}).get("test"))
+    if test_report.get("confusion_matrix") is None:
+        return {}
+    plot_confusion_matrix(
+        folder / "confusion_matrix_test.png",
+        test_report["confusion_matrix"],
+        list(test_report["per_class"]),
+        _score_title("the final model on test", test_report),
+    )
+    return {"confusion_matrix_test.png": "test confusion matrix of the saved model (metrics.json, test)"}
+
+
 def add_to_run_metrics(report_dir: str | Path, key: str, value: Any) -> None:
     """Add ``key`` to ``report_dir``'s ``metrics.json`` (known only once the report is written: the run's timing)."""
     path = Path(report_dir) / "metrics.json"
@@ -266,7 +278,7 @@ def plot_loss(
     epochs_per_update: float | None = None,
 ) -> None:
     """Training loss at the logged updates and evaluation loss at each evaluation, against updates."""
-    figure, axes = _figure(FIGURE_INCHES)
+    figure, axes = new_figure(FIGURE_INCHES)
     train = _points(update_rows, "loss")
     evaluation = _points(evaluation_rows, "eval_loss")
     if train[0]:
@@ -281,7 +293,7 @@ def plot_loss(
         epochs_per_update,
         empty="no loss was logged: set logging_steps and eval_strategy" if not (train[0] or evaluation[0]) else None,
     )
-    _save(figure, path)
+    save_figure(figure, path)
 
 
 def plot_learning_rate(
@@ -294,7 +306,7 @@ def plot_learning_rate(
     """The learning rate each update used, drawn as steps, with the warmup shaded."""
     from matplotlib.ticker import FuncFormatter
 
-    figure, axes = _figure(FIGURE_INCHES)
+    figure, axes = new_figure(FIGURE_INCHES)
     steps, rates = _points(update_rows, "learning_rate")
     if steps:
         axes.plot(steps, rates, drawstyle="steps-post", marker="." if len(steps) <= 60 else None, label="learning rate")
@@ -316,7 +328,7 @@ def plot_learning_rate(
         empty=None if steps else "no update was made",
     )
     axes.set_ylim(bottom=0)
-    _save(figure, path)
+    save_figure(figure, path)
 
 
 def plot_grad_norm(
@@ -327,7 +339,7 @@ def plot_grad_norm(
     epochs_per_update: float | None = None,
 ) -> None:
     """The gradient norm before clipping at the logged updates, with the clipping threshold."""
-    figure, axes = _figure(FIGURE_INCHES)
+    figure, axes = new_figure(FIGURE_INCHES)
     steps, norms = _points(update_rows, "grad_norm")
     if steps:
         axes.plot(steps, norms, marker="o", markersize=3, label="gradient norm of the update (before clipping)")
@@ -343,7 +355,7 @@ def plot_grad_norm(
         empty=None if steps else "no gradient norm was logged: set logging_steps",
     )
     axes.set_ylim(bottom=0)
-    _save(figure, path)
+    save_figure(figure, path)
 
 
 def plot_confusion_matrix(path: Path, matrix: Sequence[Sequence[int]], label_names: Sequence[str], title: str) -> None:
@@ -353,7 +365,7 @@ def plot_confusion_matrix(path: Path, matrix: Sequence[Sequence[int]], label_nam
     counts = np.asarray(matrix, dtype=float)
     totals = counts.sum(axis=1, keepdims=True)
     shares = np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
-    figure, axes = _figure(CONFUSION_INCHES)
+    figure, axes = new_figure(CONFUSION_INCHES)
     image = axes.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
     colorbar = figure.colorbar(image, ax=axes, shrink=0.8)
     colorbar.set_label("share of the true class's reviews (row)")
@@ -376,14 +388,14 @@ def plot_confusion_matrix(path: Path, matrix: Sequence[Sequence[int]], label_nam
                 fontsize=11,
             )
     axes.set_title(f"Confusion matrix\n{title}\neach cell: reviews, share of the row", fontsize=11)
-    _save(figure, path)
+    save_figure(figure, path)
 
 
 def plot_checkpoints(path: Path, reports: Sequence[dict[str, Any]], title: str) -> None:
     """Accuracy and macro-F1 of each checkpoint against its update step, the best marked."""
     from matplotlib.ticker import MaxNLocator
 
-    figure, axes = _figure(FIGURE_INCHES)
+    figure, axes = new_figure(FIGURE_INCHES)
     scored = sorted((report for report in reports if report["step"] is not None), key=lambda report: report["step"])
     steps = [report["step"] for report in scored]
     for key, marker, name in (("accuracy", "o", "accuracy"), ("macro_f1", "s", "macro-F1")):
@@ -428,14 +440,14 @@ def plot_checkpoints(path: Path, reports: Sequence[dict[str, Any]], title: str) 
     axes.grid(alpha=0.3)
     axes.legend(loc="best")
     axes.set_title("\n".join([f"Checkpoints: {title}", *notes]), fontsize=11)
-    _save(figure, path)
+    save_figure(figure, path)
 
 
 def plot_scores(path: Path, reports: Sequence[dict[str, Any]], label_names: Sequence[str], title: str) -> None:
     """Accuracy, macro-F1 and each class's F1 per model, each with its 95% bootstrap interval drawn."""
     import numpy as np
 
-    figure, axes = _figure(FIGURE_INCHES)
+    figure, axes = new_figure(FIGURE_INCHES)
     metrics = ["accuracy", "macro_f1", *label_names]
     names = ["accuracy", "macro-F1", *(f"F1 {name}" for name in label_names)]
     width = 0.8 / max(len(reports), 1)
@@ -466,12 +478,12 @@ def plot_scores(path: Path, reports: Sequence[dict[str, Any]], label_names: Sequ
     axes.grid(alpha=0.3, axis="y")
     axes.legend(loc="lower left", fontsize=9)
     axes.set_title(f"Scores with 95% intervals: {title}", fontsize=11)
-    _save(figure, path)
+    save_figure(figure, path)
 
 
 def plot_reliability(path: Path, table: Sequence[dict[str, float]], title: str) -> None:
     """Accuracy against mean confidence per confidence bin (a reliability diagram), the diagonal for reference."""
-    figure, axes = _figure(CONFUSION_INCHES)
+    figure, axes = new_figure(CONFUSION_INCHES)
     axes.plot([0, 1], [0, 1], linestyle=":", color="gray", label="perfect calibration")
     centres = [(row["low"] + row["high"]) / 2 for row in table]
     widths = [row["high"] - row["low"] for row in table]
@@ -499,7 +511,7 @@ def plot_reliability(path: Path, table: Sequence[dict[str, float]], title: str) 
     axes.grid(alpha=0.3)
     axes.legend(loc="upper left")
     axes.set_title(f"Reliability diagram\n{title}\n(numbers at the bottom: reviews per bin)", fontsize=11)
-    _save(figure, path)
+    save_figure(figure, path)
 
 
 # ------------------------------------------------------------------ helpers
@@ -521,7 +533,8 @@ def _interval_errors(reports: Sequence[dict[str, Any]], key: str) -> Any:
     return [below, above]
 
 
-def _figure(inches: tuple[float, float]) -> tuple[Any, Any]:
+def new_figure(inches: tuple[float, float]) -> tuple[Any, Any]:
+    """A matplotlib figure of ``inches`` at the report's DPI, drawn off screen, and its one axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -530,7 +543,8 @@ def _figure(inches: tuple[float, float]) -> tuple[Any, Any]:
     return figure, figure.add_subplot()
 
 
-def _save(figure: Any, path: Path) -> None:
+def save_figure(figure: Any, path: Path) -> None:
+    """Write ``figure`` to ``path`` (PNG or SVG by its suffix) at the report's DPI, through ``output_file``."""
     # No bbox_inches="tight": it would change the pixel size from picture to picture.
     with output_file(path, binary=True) as handle:
         figure.savefig(handle, dpi=DPI, format=path.suffix.lstrip("."))

@@ -46,16 +46,12 @@ def score_test(trainer: Any, inputs: RunInputs) -> dict[str, Any] | None:
     return report
 
 
-# The run folder's file of per-tag thresholds (a multi_label run), tuned on the validation split.
-THRESHOLDS_FILE = "tag_thresholds.json"
-
-
 def _score_tags(trainer: Any, inputs: RunInputs) -> dict[str, Any]:
     """A multi_label run's test report: each tag's threshold tuned on validation, saved, then the test scored."""
     import numpy as np
     import torch
 
-    from ..evaluation.multi_label import multi_label_report
+    from ..evaluation.multi_label import THRESHOLDS_FILE, multi_label_report
 
     def probabilities_and_labels(split: str) -> tuple[np.ndarray, np.ndarray]:
         prediction = trainer.predict(inputs.encoded[split], metric_key_prefix=split)
