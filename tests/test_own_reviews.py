@@ -183,3 +183,26 @@ def test_load_best_model_at_end_asked_for_without_evaluation_is_refused(tmp_path
         "or --eval_strategy epoch to keep the best"
     )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("lines", "suffix", "flags"),
+    [
+        (['{"review": "cheap, late", "tags": ["price", "delivery"]}', '{"review": "ok", "tags": []}'], ".jsonl", []),
+        (["review,tags", '"cheap, late",price|delivery', "small,size"], ".csv", ["--label_separator", "|"]),
+    ],
+    ids=["jsonl-lists", "csv-separated"],
+)
+def test_tags_without_a_recipe_say_their_names_and_write_them_into_the_recipe(tmp_path, lines, suffix, flags, capsys):
+    from finetune.pipeline.own_reviews import flags_without_recipe
+
+    train = tmp_path / f"tags{suffix}"
+    train.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["--train_file", str(train), "--text_column", "review", "--label_column", "tags", *flags]
+    recipe = load_recipe(None, flags_without_recipe([*argv, "--output_dir", str(tmp_path / "out")]))
+    expected = ["delivery", "price"] if suffix == ".jsonl" else ["delivery", "price", "size"]
+    assert recipe.data.task == "multi_label" and recipe.data.class_names == expected
+    assert recipe.training.metric_for_best_model == "micro_f1"
+    printed = capsys.readouterr().err
+    assert f"tags ({'lists' if suffix == '.jsonl' else 'split at ' + repr('|')}): {', '.join(expected)}" in printed
+    assert f"class_names: [{', '.join(expected)}]" in printed

@@ -84,13 +84,20 @@ def flags_without_recipe(flags: list[str]) -> list[str]:
     if tags and "task" not in given:
         # Several tags per review: said in the recipe it prints, so the run reads as what it is.
         added["task"] = "multi_label"
+    if tags and added.get("metric_for_best_model") == "macro_f1":
+        added["metric_for_best_model"] = "micro_f1"  # the headline with several tags per review
+    if tags and "class_names" not in given:
+        # The tags in the order their outputs will have, written down so a rerun on new data keeps it.
+        names = _train_tag_names(flags, flag_values(flags).get("label_separator"))
+        if names:
+            added["class_names"] = names
     if not given & {"label_bins", "class_names"} and not tags:
         ratings = _rating_values(flags)
         if ratings is not None:
             # One class per rating keeps what the file says; the note offers the usual grouping.
             added["label_bins"] = ",".join(f"{value}={value}" for value in ratings)
             notes.append(_label_bins_suggestion(ratings))
-    decided = [*flags, *(token for key, value in added.items() for token in (f"--{key}", value))]
+    decided = [*flags, *(token for key, value in added.items() for token in (f"--{key}", *_tokens(value)))]
     _print_decisions(decided, added, notes)
     return decided
 
@@ -184,6 +191,25 @@ def _train_labels(flags: list[str]) -> tuple[str, str, list[Any]] | None:
     return train_file, column, column_values(table, column)
 
 
+def _tokens(value: str | list[str]) -> list[str]:
+    """A decided setting's value as command-line tokens: a list (the tag names) is one token each."""
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _train_tag_names(flags: list[str], separator: str | None) -> list[str]:
+    """Every tag on the train file's reviews, sorted (cells split by ``separator``, or lists); [] where unreadable."""
+    labels = _train_labels(flags)
+    if labels is None:
+        return []
+    names: set[str] = set()
+    for value in labels[2]:
+        if isinstance(value, list):
+            names.update(str(tag).strip() for tag in value)
+        elif separator and isinstance(value, str):
+            names.update(tag.strip() for tag in value.split(separator))
+    return sorted(name for name in names if name)
+
+
 def _holds_tag_lists(flags: list[str]) -> bool:
     """Whether the train file's labels are lists (several tags per review, from JSON Lines or Parquet)."""
     labels = _train_labels(flags)
@@ -225,11 +251,17 @@ def _label_bins_suggestion(ratings: list[int]) -> str:
 
 
 def _print_decisions(flags: list[str], added: dict[str, Any], notes: list[str]) -> None:
-    shown = ", ".join(f"{key} {value}" for key, value in added.items() if key != "label_bins")
+    from ..config.recipes import flag_values
+
+    shown = ", ".join(f"{key} {value}" for key, value in added.items() if key not in ("label_bins", "class_names"))
     print("no recipe given: training from the flags, with these settings decided for you", file=sys.stderr)
     print(f"  model: the packaged MiniLM unless --model_name_or_path; {shown}", file=sys.stderr)
     if "label_bins" in added:
         print(f"  label_bins: {added['label_bins']}", file=sys.stderr)
+    if "class_names" in added:
+        separator = flag_values(flags).get("label_separator")
+        read = f"split at {separator!r}" if separator else "lists"
+        print(f"  tags ({read}): {', '.join(added['class_names'])}", file=sys.stderr)
     for note in notes:
         print(f"  note: {note}", file=sys.stderr)
     print("  the recipe that reproduces this run (written to the run folder as recipe.yaml):", file=sys.stderr)
