@@ -130,6 +130,7 @@ def test_an_import_circle_is_found_and_named():
 COMMAND_PARTS = {
     "finetune.commands.seeds": "train",
     "finetune.commands.folds": "train",
+    "finetune.commands.evaluate_tags": "evaluate",
 }
 # commands/options/ declares each command's options in a module named after it; these modules serve them all.
 OPTIONS_HELPERS = {"__init__", "fields", "values", "shared"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from ..config.output_files import write_output_text
 from ..data.columns import column_values
 from ..data.encoding import ReviewEncoding
 from ..errors import FinetuneError
+from .evaluate_tags import TagEvaluation, evaluate_tags, refuse_tag_calibration
 
 
 def evaluate(
@@ -35,17 +37,16 @@ def evaluate(
     largest losses go to ``errors_<split>.csv`` and its calibration (ECE) to a
     reliability diagram; with ``explain`` (the default) each listed mistake
     gets the words behind its wrong label (a second or two a mistake on a CPU).
-    With ``calibrate``, a temperature fitted on the run's
-    validation split is folded into the folder's own model (see
-    :func:`calibrate_model`). The errors file's cells that a spreadsheet would run
-    as a formula are written after a ``'``, and a ``data`` CSV loses that ``'``
-    on reading (:mod:`finetune.config.csv_cells`), unless ``raw_csv``.
+    With ``calibrate``, a temperature fitted on the run's validation split is
+    folded into the folder's own model (:func:`calibrate_model`). The errors file's
+    cells that a spreadsheet would run as a formula are written after a ``'``, and
+    a ``data`` CSV loses that ``'`` (:mod:`finetune.config.csv_cells`), unless ``raw_csv``.
 
     For a run folder every ``checkpoint-*`` is scored as well as the final
-    model, and the best by macro-F1 is marked. The data is the run's
-    ``split`` (from its recipe) unless ``data`` names a file with the same columns.
-    With ``baseline`` (and the run's train split at hand) the TF-IDF baseline,
-    fit on that split, is scored on the same reviews and added as a last row.
+    model, and the best by macro-F1 is marked (micro-F1 for a multi_label run:
+    :mod:`.evaluate_tags`). The data is the run's ``split`` unless ``data`` names
+    a file with its columns. With ``baseline`` (and the run's train split at hand)
+    the TF-IDF baseline, fit on that split, is added as a last row.
 
     Several paths compare runs: each run's own model (the one training kept,
     the best by validation with ``load_best_model_at_end``) on the first run's
@@ -53,27 +54,24 @@ def evaluate(
     """
     paths = [path] if isinstance(path, str) else list(path)
     models = _models_to_score(paths, calibrate)
-    if _tag_models(models):
-        from .evaluate_tags import evaluate_tags, refuse_tag_calibration
-
-        refuse_tag_calibration(calibrate)
-        return evaluate_tags(paths, models, data, split, batch_size, baseline, resamples, seed, raw_csv)
+    tags = _tag_models(models, calibrate)  # several tags per review: read at thresholds, compared on micro-F1
     label_names = _shared_label_names(models)
     # Checked before anything is scored or written: a refused calibration leaves the folder as it was.
     calibration_data = _calibration_data(models[-1], label_names) if calibrate else None
-    # Every model scored shares its classes and data: read the data once.
-    scoring = load_labelled_texts(models[0], data, split, label_names, raw_csv=raw_csv)
+    scoring = load_labelled_texts(models[0], data, split, label_names, raw_csv=raw_csv)  # shared: read once
+    # A file's results are data-<its stem>: a test.csv must not replace the run's own test-split results.
+    scored_on = f"data-{Path(data).stem}" if data else split
+    if tags:
+        settings = TagEvaluation(batch_size, baseline, resamples, seed, raw_csv, _validation_reader(models[0]))
+        return evaluate_tags(models, scoring, label_names, (_results_folder(paths), scored_on), settings)
     # Each model is checked as it loads (check_model_folder): a broken one stops the command before any file is written.
     scored = [_score(model_dir, scoring, label_names, batch_size) for model_dir in models]
     folder = _results_folder(paths)
     reports, best = _compared(scored, scoring, label_names, baseline, resamples, seed)
     probabilities = [probs for _, probs in scored]
     print(format_table(reports))
-    # A file's results are named data-<its stem>: a file named test.csv must not replace the run's
-    # own test-split results (evaluation_test.json, errors_test.csv, the pictures).
-    scored_on = f"data-{Path(data).stem}" if data else split
     written = write_errors_and_calibration(
-        folder, scored_on, scoring, probabilities[best], label_names, reports[best], explain=explain, raw_csv=raw_csv
+        folder, scored_on, scoring, probabilities[best], label_names, reports[best], explain, raw_csv
     )
     if calibrate:
         written.append(calibrate_model(models[-1], calibration_data, batch_size, probabilities[-1], scoring.labels))
@@ -157,8 +155,8 @@ def _models_to_score(paths: list[str], calibrate: bool) -> list[Path]:
     return models
 
 
-def _tag_models(models: list[Path]) -> bool:
-    """Whether the models hold several tags per review (all of them); a mix of the two kinds is refused."""
+def _tag_models(models: list[Path], calibrate: bool) -> bool:
+    """Whether the models hold several tags per review (all do); a mix of kinds, or calibrating tags, is refused."""
     from ..evaluation.multi_label import is_tag_model
 
     kinds = {model_dir: is_tag_model(model_dir) for model_dir in models}
@@ -167,7 +165,21 @@ def _tag_models(models: list[Path]) -> bool:
         raise FinetuneError(
             f"{tagged} predict several tags per review and the others one label; compare runs of one kind"
         )
+    if all(kinds.values()):
+        refuse_tag_calibration(calibrate)
     return all(kinds.values())
+
+
+def _validation_reader(model_dir: Path) -> Callable[[], ScoringData | None]:
+    """What reads the run's validation reviews when asked (the tag baseline's thresholds): None without that split."""
+
+    def read() -> ScoringData | None:
+        try:
+            return load_labelled_texts(model_dir, None, "validation", _label_names(model_dir))
+        except MissingSplit:
+            return None
+
+    return read
 
 
 def _shared_label_names(models: list[Path]) -> list[str]:

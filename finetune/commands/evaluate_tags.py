@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,32 +22,41 @@ from ..config.output_files import write_output_text
 from ..errors import FinetuneError
 
 
-def evaluate_tags(
-    paths: list[str],
-    models: list[Path],
-    data: str | None,
-    split: str,
-    batch_size: int,
-    baseline: bool,
-    resamples: int,
-    seed: int,
-    raw_csv: bool,
-) -> list[dict[str, Any]]:
-    """Score multi_label ``models`` (checked by the caller) on ``split`` or ``data``; print and write the results."""
-    from ..evaluation.multi_label import paired_tag_comparison, predicted_tags
-    from .evaluate import _results_folder, _shared_label_names, load_labelled_texts
+@dataclass(frozen=True)
+class TagEvaluation:
+    """How evaluate scores tags: its flags, and the run's validation reviews (read only for the baseline)."""
 
-    tag_names = _shared_label_names(models)
-    scoring = load_labelled_texts(models[0], data, split, tag_names, raw_csv=raw_csv)
+    batch_size: int
+    baseline: bool
+    resamples: int
+    seed: int
+    raw_csv: bool
+    validation: Callable[[], Any]  # the run's validation ScoringData, or None without that split
+
+
+def evaluate_tags(
+    models: list[Path],
+    scoring: Any,
+    tag_names: list[str],
+    where: tuple[Path, str],
+    settings: TagEvaluation,
+) -> list[dict[str, Any]]:
+    """Score multi_label ``models`` (checked by the caller) on ``scoring``'s reviews; print and write the results.
+
+    ``where`` is the results folder and the name the files are written under (the split, or ``data-<stem>``).
+    """
+    from ..evaluation.multi_label import paired_tag_comparison, predicted_tags
+
+    resamples, seed = settings.resamples, settings.seed
     truth = np.asarray(scoring.labels, dtype=np.float64).reshape(len(scoring.labels), len(tag_names)) > 0.5
-    scored = [_score_tags(model_dir, scoring, truth, tag_names, batch_size, resamples, seed) for model_dir in models]
+    scored = [_score_tags(model_dir, scoring, truth, tag_names, settings) for model_dir in models]
     reports = [report for report, _, _ in scored]
     predictions = [predicted_tags(probabilities, thresholds) for _, probabilities, thresholds in scored]
     best = max(range(len(reports)), key=lambda index: reports[index]["micro_f1"])
     for index, report in enumerate(reports):
         report["best"] = index == best
-    if baseline and scoring.train_texts:
-        baseline_report, baseline_predicted = _score_tag_baseline(models[0], scoring, truth, tag_names, resamples, seed)
+    if settings.baseline and scoring.train_texts:
+        baseline_report, baseline_predicted = _score_tag_baseline(scoring, truth, tag_names, settings)
         baseline_report["best_vs_baseline"] = _lead(reports[best], baseline_report)
         reports.append(baseline_report)
         predictions.append(baseline_predicted)
@@ -53,19 +64,12 @@ def evaluate_tags(
         if index != best:
             report["vs_best"] = paired_tag_comparison(predictions[best], predictions[index], truth, resamples, seed)
     print(format_tag_table(reports))
-    scored_on = f"data-{Path(data).stem}" if data else split
-    _write_tag_results(_results_folder(paths), scored_on, scoring, scored[best], reports, raw_csv)
+    _write_tag_results(*where, scoring, scored[best], reports, settings.raw_csv)
     return reports
 
 
 def _score_tags(
-    model_dir: Path,
-    scoring: Any,
-    truth: np.ndarray,
-    tag_names: list[str],
-    batch_size: int,
-    resamples: int,
-    seed: int,
+    model_dir: Path, scoring: Any, truth: np.ndarray, tag_names: list[str], settings: TagEvaluation
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     """One model's tag report on the scored reviews, its probabilities and the thresholds it was read at."""
     from ..evaluation.inference import load_inference_model, predict_probabilities, warn_if_model_changed
@@ -74,29 +78,28 @@ def _score_tags(
 
     model, tokenizer = load_inference_model(model_dir, tags_read=True)
     warn_if_model_changed(model_dir, "its scores")
-    probabilities = predict_probabilities(model, tokenizer, scoring.texts, batch_size, scoring.encoding)
+    probabilities = predict_probabilities(model, tokenizer, scoring.texts, settings.batch_size, scoring.encoding)
     thresholds, source = read_tag_thresholds(model_dir, tag_names)
-    report = tag_report(probabilities, truth, tag_names, thresholds, source, resamples, seed)
+    report = tag_report(probabilities, truth, tag_names, thresholds, source, settings.resamples, settings.seed)
     return {"model": str(model_dir), "step": checkpoint_step(model_dir), **report}, probabilities, thresholds
 
 
 def _score_tag_baseline(
-    model_dir: Path, scoring: Any, truth: np.ndarray, tag_names: list[str], resamples: int, seed: int
+    scoring: Any, truth: np.ndarray, tag_names: list[str], settings: TagEvaluation
 ) -> tuple[dict[str, Any], np.ndarray]:
     """The one-vs-rest TF-IDF baseline fit on the run's train split, its thresholds tuned on the run's validation."""
     from ..evaluation.baseline import DESCRIPTION, TfidfBaseline
     from ..evaluation.multi_label import DEFAULT_THRESHOLD, predicted_tags, tag_report, tune_thresholds
-    from .evaluate import MissingSplit, load_labelled_texts
 
     baseline = TfidfBaseline(len(tag_names), multi_label=True).fit(scoring.train_texts, scoring.train_labels)
-    try:
-        validation = load_labelled_texts(model_dir, None, "validation", tag_names)
+    validation = settings.validation()
+    if validation is not None:
         thresholds = tune_thresholds(baseline.probabilities(validation.texts), np.asarray(validation.labels) > 0.5)
         tuned_on = "validation"
-    except MissingSplit:
+    else:
         thresholds, tuned_on = np.full(len(tag_names), DEFAULT_THRESHOLD), "none (0.5 for every tag)"
     probabilities = baseline.probabilities(scoring.texts)
-    report = tag_report(probabilities, truth, tag_names, thresholds, tuned_on, resamples, seed)
+    report = tag_report(probabilities, truth, tag_names, thresholds, tuned_on, settings.resamples, settings.seed)
     description = DESCRIPTION.replace("logistic regression", "one-vs-rest logistic regression per tag")
     head = {"model": "TF-IDF baseline", "kind": "baseline", "description": description, "step": None}
     return {**head, "train_reviews": baseline.train_reviews, **report}, predicted_tags(probabilities, thresholds)

@@ -21,13 +21,9 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ..config.output_files import output_file, write_output_text
+from .figures import CONFUSION_INCHES, FIGURE_INCHES, new_figure, save_figure
 
 REPORT_DIR = "report"
-DPI = 100
-# Every picture is a fixed pixel size (inches x DPI), never trimmed to its contents,
-# so pictures of two runs line up side by side.
-FIGURE_INCHES = (8.0, 5.0)  # 800 x 500 px
-CONFUSION_INCHES = (7.0, 6.0)  # 700 x 600 px
 UPDATE_AXIS_LABEL = "update (optimizer step)"
 # Trainer's closing log entry (runtime, mean loss of the run) is a summary, not a point in time.
 _SUMMARY_KEYS = ("train_runtime", "train_loss")
@@ -531,23 +527,6 @@ def _interval_errors(reports: Sequence[dict[str, Any]], key: str) -> Any:
     below = [max(report[key] - report["intervals"][key][0], 0.0) for report in reports]
     above = [max(report["intervals"][key][1] - report[key], 0.0) for report in reports]
     return [below, above]
-
-
-def new_figure(inches: tuple[float, float]) -> tuple[Any, Any]:
-    """A matplotlib figure of ``inches`` at the report's DPI, drawn off screen, and its one axes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=inches, dpi=DPI, layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure, figure.add_subplot()
-
-
-def save_figure(figure: Any, path: Path) -> None:
-    """Write ``figure`` to ``path`` (PNG or SVG by its suffix) at the report's DPI, through ``output_file``."""
-    # No bbox_inches="tight": it would change the pixel size from picture to picture.
-    with output_file(path, binary=True) as handle:
-        figure.savefig(handle, dpi=DPI, format=path.suffix.lstrip("."))
 
 
 def _finish(axes: Any, title: str, ylabel: str, epochs_per_update: float | None, empty: str | None) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .report import CONFUSION_INCHES, FIGURE_INCHES, new_figure, save_figure
+from .figures import CONFUSION_INCHES, FIGURE_INCHES, new_figure, save_figure
 
 # The picture files a multi_label run's report folder gains, with their captions.
 TAG_PICTURES = {
