@@ -104,10 +104,10 @@ def _checked_output(
     """``--output`` checked before anything is read (None: standard output), with the other options."""
     from ..config.output_files import is_stream
     from ..evaluation.inference import check_batch_size
+    from ..evaluation.tag_thresholds import check_threshold
 
     check_batch_size(batch_size)
-    if threshold is not None and not 0.0 < threshold < 1.0:
-        raise FinetuneError(f"--threshold must be between 0 and 1 (got {threshold}); e.g. --threshold 0.5")
+    check_threshold(threshold)
     if on_bad_text not in ON_BAD_TEXT:
         raise FinetuneError(f"--on_bad_text must be one of {', '.join(ON_BAD_TEXT)} (got {on_bad_text!r})")
     if explain and model_dir.is_dir():
@@ -246,7 +246,7 @@ class _Tags:
     @classmethod
     def of(cls, model: Any, reading: _Reading, output_format: str) -> _Tags | None:
         """The tags of a multi_label model (None for one label per review); refuses ``--explain`` with them."""
-        import numpy as np
+        from ..evaluation.tag_thresholds import tag_thresholds
 
         if getattr(model.config, "problem_type", None) != "multi_label_classification":
             return None
@@ -255,10 +255,7 @@ class _Tags:
                 "--explain gives the words behind one label per review, and this run gives several tags; drop --explain"
             )
         names = [model.config.id2label[index] for index in range(model.config.num_labels)]
-        if reading.threshold is not None:
-            thresholds = np.full(len(names), reading.threshold)
-        else:
-            thresholds = np.array([_tag_thresholds(reading.model_dir).get(name, 0.5) for name in names])
+        thresholds = tag_thresholds(reading.model_dir, names, reading.threshold)
         separator = reading.data_fields.get("label_separator") or "|"
         return cls(names, thresholds, separator, output_format == "jsonl")
 
@@ -268,23 +265,6 @@ class _Tags:
         result: dict[str, Any] = {"labels": given if self.as_list else self.separator.join(given)}
         result.update({f"prob_{name}": round(float(p), 6) for name, p in zip(self.names, probs)})
         return result
-
-
-def _tag_thresholds(model_dir: Path) -> dict[str, float]:
-    """The run's tuned threshold per tag (``tag_thresholds.json`` in the folder, or the run's above a checkpoint)."""
-    import json
-
-    for folder in (model_dir, model_dir.parent):
-        path = folder / "tag_thresholds.json"
-        if path.is_file():
-            try:
-                return dict(json.loads(path.read_text(encoding="utf-8"))["thresholds"])
-            except (ValueError, KeyError, TypeError) as error:
-                raise FinetuneError(
-                    f"{path} is damaged ({error}); pass --threshold 0.5 to give every tag one threshold"
-                ) from None
-    print("note: no tag_thresholds.json beside the model; every tag's threshold is 0.5", file=sys.stderr)
-    return {}
 
 
 def _add_top_words(

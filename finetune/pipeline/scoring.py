@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.output_files import write_output_text
 from ..data.columns import column_values
+from ..evaluation.tag_thresholds import THRESHOLDS_FILE  # each tag's threshold, tuned on the validation split
 
 if TYPE_CHECKING:
     from .reading import RunInputs
@@ -44,10 +45,6 @@ def score_test(trainer: Any, inputs: RunInputs) -> dict[str, Any] | None:
     if trainer.is_world_process_zero():
         write_output_text(Path(args.output_dir, "test_report.json"), json.dumps(report, indent=2) + "\n")
     return report
-
-
-# The run folder's file of per-tag thresholds (a multi_label run), tuned on the validation split.
-THRESHOLDS_FILE = "tag_thresholds.json"
 
 
 def _score_tags(trainer: Any, inputs: RunInputs) -> dict[str, Any]:

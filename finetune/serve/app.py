@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -38,7 +39,7 @@ from ..data.bad_text import describe_bad_text, first_bad_character, repair_text
 from ..errors import FinetuneError
 from .batching import Batcher
 from .connections import CLOSED_BECAUSE, ConnectionLimits
-from .model import ServedModel
+from .model import ServedModel, load_served_model
 from .watch import LiveModel
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -92,10 +93,17 @@ class Prediction(BaseModel):
     probabilities: dict[str, float]
 
 
-class PredictResponse(BaseModel):
-    """One prediction per review, in the order sent."""
+class TagPrediction(BaseModel):
+    """One review's tags (a multi_label run): those whose probability reaches their threshold, and every tag's."""
 
-    results: list[Prediction]
+    labels: list[str]
+    scores: dict[str, float]
+
+
+class PredictResponse(BaseModel):
+    """One prediction per review, in the order sent: a label, or a multi_label run's tags."""
+
+    results: list[Prediction | TagPrediction]
 
 
 class WordScore(BaseModel):
@@ -200,7 +208,8 @@ class _Serving:
         check_token: Callable[[Request], None],
     ) -> _Serving:
         """The live model, its thread and batchers (started with the app, in :meth:`lifespan`)."""
-        live = LiveModel(served, reload_on_change)
+        # A reload keeps the --threshold the server started with.
+        live = LiveModel(served, reload_on_change, functools.partial(load_served_model, threshold=served.threshold))
         # One thread runs the model: torch already spreads one call over the cores, and two calls would fight for them.
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         wait = batching.max_wait_ms / 1000
@@ -230,6 +239,12 @@ class _Serving:
         return {
             "model_dir": str(served.model_dir),
             "classes": served.class_names,
+            "task": "multi_label" if served.tags else "single_label",
+            "thresholds": (
+                dict(zip(served.class_names, (float(value) for value in served.tag_thresholds)))
+                if served.tags
+                else None
+            ),
             "base_model": served.base_model,
             "backend": served.backend,
             "test": served.test_scores,
