@@ -59,7 +59,7 @@ def load_inference_model(model_dir: Path, tags_read: bool = False) -> tuple[Any,
     whose weights do not fit its config, whose classes are not the run's or whose answers are not
     numbers is refused in one line. An int8 export made with ``--fp32_fallback`` comes wrapped with
     its fp32 model (:mod:`.fallback`). A model with several tags per review is refused unless the
-    caller reads tags (``tags_read``: ``predict``).
+    caller reads tags (``tags_read``: ``predict``, ``serve``, ``export``).
     """
     from transformers import AutoTokenizer
 
@@ -68,7 +68,7 @@ def load_inference_model(model_dir: Path, tags_read: bool = False) -> tuple[Any,
 
     require_inference_folder(model_dir)
     if not tags_read:
-        refuse_tag_model(model_dir, "finetune evaluate, serve and export read")
+        refuse_tag_model(model_dir, "finetune evaluate reads")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     require_vocabulary(tokenizer, model_dir)
     if not is_exported_folder(model_dir):
