@@ -169,8 +169,6 @@ def test_predict_threshold_flag_gives_every_tag_one_threshold(tag_run, tmp_path,
 def test_commands_that_read_one_label_refuse_a_tag_run_in_one_line(tag_run, capsys):
     error = run_cli(["evaluate", tag_run], capsys)
     assert "several tags per review" in error and "top_k=None" in error
-    test_file = tag_run.parent / "test.jsonl"
-    assert "drop --explain" in run_cli(["predict", tag_run, "--input", test_file, "--explain"], capsys)
 
 
 def test_tags_separated_in_a_csv_and_a_review_with_none_train(tmp_path, tiny_model_dir):

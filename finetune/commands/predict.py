@@ -50,7 +50,8 @@ def predict(
     format, or CSV to stdout, a batch at a time. With ``explain``, a
     ``top_words`` column too: the words that pushed each review toward its
     label (:mod:`finetune.evaluation.explain`), as ``"word (score); ..."`` in
-    CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL.
+    CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL; with tags,
+    the words behind each tag given (``"tag: word (score) | tag: ..."``, an object of lists).
 
     A multi_label run (several tags per review) writes ``labels`` instead: the
     tags whose probability reaches their threshold (``tag_thresholds.json``, or
@@ -184,7 +185,7 @@ def _predict_batches(
         results = [_result({}, probs, label_names) if tags is None else tags.result(probs) for probs in probabilities]
         if reading.explain:
             _add_top_words(
-                results, model, tokenizer, nonempty, probabilities, reading.batch_size, encoding, output.format
+                results, (model, tokenizer), nonempty, probabilities, reading.batch_size, encoding, output.format, tags
             )
         answers = iter(results)
         output.write(
@@ -245,15 +246,11 @@ class _Tags:
 
     @classmethod
     def of(cls, model: Any, reading: _Reading, output_format: str) -> _Tags | None:
-        """The tags of a multi_label model (None for one label per review); refuses ``--explain`` with them."""
+        """A multi_label model's tags, at the run's thresholds or ``--threshold`` (None for one label per review)."""
         from ..evaluation.tag_thresholds import tag_thresholds
 
         if getattr(model.config, "problem_type", None) != "multi_label_classification":
             return None
-        if reading.explain:
-            raise FinetuneError(
-                "--explain gives the words behind one label per review, and this run gives several tags; drop --explain"
-            )
         names = [model.config.id2label[index] for index in range(model.config.num_labels)]
         thresholds = tag_thresholds(reading.model_dir, names, reading.threshold)
         separator = reading.data_fields.get("label_separator") or "|"
@@ -269,28 +266,41 @@ class _Tags:
 
 def _add_top_words(
     results: list[dict[str, Any]],
-    model: Any,
-    tokenizer: Any,
+    model_and_tokenizer: tuple[Any, Any],
     texts: list[str],
     probabilities: Any,
     batch_size: int,
     encoding: Any,
     output_format: str,
+    tags: _Tags | None = None,
 ) -> None:
-    """Add each result's ``top_words``: the words behind the label predict gave it (one cell, or a JSON list)."""
-    from ..evaluation.explain import explain_predictions, format_top_words
+    """Add each result's ``top_words``: the words behind the label predict gave it (one cell, or a JSON list).
+
+    With tags, the words behind each tag given: ``"tag: word (score); ... | tag: ..."`` in one cell,
+    or a JSON object of a list per tag.
+    """
+    from ..evaluation.explain import explain_predictions, explain_tag_predictions, format_top_words
 
     if not texts:
         return
-    explanations = explain_predictions(
-        model, tokenizer, texts, probabilities, batch_size=batch_size, max_length=encoding.max_length
-    )
+    model, tokenizer = model_and_tokenizer
+    settings = {"batch_size": batch_size, "max_length": encoding.max_length}
+    if tags is None:
+        explanations: list[Any] = explain_predictions(model, tokenizer, texts, probabilities, **settings)
+    else:
+        explanations = explain_tag_predictions(model, tokenizer, texts, probabilities, tags.thresholds, **settings)
     for result, explanation in zip(results, explanations):
-        if output_format == "jsonl":
-            words = explanation.top_words()
-            result["top_words"] = [{"word": word.word, "score": round(word.score, 4)} for word in words]
-        else:
+        if output_format != "jsonl":
             result["top_words"] = format_top_words(explanation)
+        elif tags is None:
+            result["top_words"] = _word_objects(explanation.top_words())
+        else:
+            result["top_words"] = {tag: _word_objects(words) for tag, words in explanation.top_words().items()}
+
+
+def _word_objects(words: list[Any]) -> list[dict[str, Any]]:
+    """Words and their scores as JSON objects, the score rounded to 4 places."""
+    return [{"word": word.word, "score": round(word.score, 4)} for word in words]
 
 
 # ------------------------------------------------------------------ writing
