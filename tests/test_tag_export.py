@@ -97,3 +97,17 @@ def test_fp32_fallback_is_refused_for_tags_in_one_line_with_nothing_written(tag_
     error = run_cli(command, capsys)
     assert "several tags per review" in error and "leave out --fp32_fallback" in error
     assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_a_run_without_a_test_split_exports_and_says_the_agreement_was_not_measured(tmp_path, tiny_model_dir, capsys):
+    recipe = tag_recipe(tmp_path, tiny_model_dir, num_train_epochs=1, save_strategy="no", load_best_model_at_end=False)
+    lines = recipe.read_text().splitlines()
+    recipe.write_text("\n".join(line for line in lines if not line.startswith("test_file")) + "\n")
+    assert main(["train", str(recipe)]) == 0
+    capsys.readouterr()
+    exported = tmp_path / "tags-int8"
+    assert main(["export", str(tmp_path / "run"), "--int8", "--backend", "onnxruntime", "--output", str(exported)]) == 0
+    assert "the run has no test split on record, so int8's tags were not compared" in capsys.readouterr().err
+    assert "tag_agreement" not in json.loads((exported / "export.json").read_text())
+    # Training tunes and saves thresholds with the test scores, so such a run has none to carry.
+    assert not (tmp_path / "run" / "tag_thresholds.json").exists() and not (exported / "tag_thresholds.json").exists()
