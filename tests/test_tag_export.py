@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from bad_input.common import run_cli, snapshot
 from test_multi_label_run import tag_recipe
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -91,12 +90,37 @@ def test_the_export_keeps_the_tags_and_records_its_agreement_with_fp32(tag_run, 
     assert served.tags and served.predict(["cheap but late"])[0]["labels"] is not None
 
 
-def test_fp32_fallback_is_refused_for_tags_in_one_line_with_nothing_written(tag_run, tmp_path, capsys):
-    before = snapshot(tmp_path)
-    command = ["export", str(tag_run), "--int8", "--fp32_fallback", "0.1", "--output", str(tmp_path / "out")]
-    error = run_cli(command, capsys)
-    assert "several tags per review" in error and "leave out --fp32_fallback" in error
-    assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+def test_near_a_threshold_against_a_loop():
+    from finetune.export.fallback import near_a_threshold
+
+    rng = np.random.default_rng(1)
+    probabilities, thresholds = rng.random((50, 3)), np.array([0.2, 0.5, 0.9])
+    near = [[abs(probabilities[row, tag] - thresholds[tag]) < 0.1 for tag in range(3)] for row in range(50)]
+    expected = [row for row in range(50) if any(near[row])]
+    assert near_a_threshold(probabilities, thresholds, 0.1).tolist() == expected
+    assert 0 < len(expected) < 50
+
+
+def test_fp32_fallback_on_tags_rescores_reviews_with_a_tag_near_its_threshold(tag_run, tmp_path, capsys):
+    """At margin 1 every review is a close call, so the export gives fp32's tags: 100% agreement, all rescored."""
+    from finetune.evaluation.inference import load_inference_model, predict_probabilities
+    from finetune.export.fallback import Int8WithFallback
+
+    exported = tmp_path / "tags-int8"
+    command = ["export", str(tag_run), "--int8", "--backend", "onnxruntime", "--output", str(exported)]
+    assert main([*command, "--fp32_fallback", "1"]) == 0
+    record = json.loads((exported / "export.json").read_text())
+    assert "within margin of the tag's threshold" in record["fp32_fallback"]["rule"]
+    assert record["tag_agreement"]["pair_agreement"] == 1.0
+    model, tokenizer = load_inference_model(exported, tags_read=True)
+    assert isinstance(model, Int8WithFallback)
+    saved = json.loads((tag_run / "tag_thresholds.json").read_text())["thresholds"]
+    assert model.tag_thresholds.tolist() == [saved[tag] for tag in TAGS]
+    reviews = ["cheap but late", "runs small", "okay"]
+    fallback = predict_probabilities(model, tokenizer, reviews)
+    fp32 = predict_probabilities(*load_inference_model(tag_run, tags_read=True), reviews)
+    assert model.rescored == 3 and np.allclose(fallback, fp32, atol=1e-6)
+    capsys.readouterr()
 
 
 def test_a_run_without_a_test_split_exports_and_says_the_agreement_was_not_measured(tmp_path, tiny_model_dir, capsys):

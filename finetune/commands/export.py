@@ -11,7 +11,8 @@ whose int8 top-two probabilities are within ``MARGIN`` (:mod:`finetune.export.fa
 A multi_label run's export keeps its tags: ``config.json``'s problem_type and the
 run's ``tag_thresholds.json`` travel with it, and its tags are compared with the
 fp32 model's on the run's test split, per review-tag pair (printed, and kept in
-``export.json``; :mod:`finetune.export.agreement`).
+``export.json``; :mod:`finetune.export.agreement`). Its ``--fp32_fallback``
+scores again the reviews with a tag within ``MARGIN`` of its threshold.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def export(
     stores only the weights in int8 and quantizes activations at run time in
     small groups (OpenVINO; closer to fp32, slower, no calibration).
     ``fp32_fallback`` keeps the fp32 model beside int8 for the reviews whose two
-    likeliest classes int8 puts within that gap of each other.
+    likeliest classes int8 puts within that gap of each other (a tags run: a tag within that gap of its
+    threshold).
     """
     from ..evaluation.inference import load_inference_model
     from ..training.runs import find_run_config, require_model_folder
@@ -55,7 +57,6 @@ def export(
     _check_options(int8, backend, calibration, calibration_reviews, weights_only, fp32_fallback)
     model_dir = Path(model_path)
     require_model_folder(model_dir)
-    _refuse_tag_fallback(model_dir, fp32_fallback)
     output_dir = _checked_output_dir(model_dir, output)
     _remove_dead_exports(output_dir)
     # Written under a hidden name and renamed when whole: a kill -9 part-way leaves no folder named
@@ -182,7 +183,7 @@ def _finish_export(
     # An export predicts a run's tags at the thresholds the run tuned, so it carries them.
     copy_tag_thresholds(model_dir, staging)
     if fp32_fallback is not None:
-        add_fp32_fallback(staging, model, fp32_fallback)
+        add_fp32_fallback(staging, model, fp32_fallback, tags=is_tag_model(model))
     if is_tag_model(model):
         _record_tag_agreement(staging, model, tokenizer, run_config)
     try:
@@ -192,20 +193,6 @@ def _finish_export(
             f"cannot move the export into {output_dir} ({error.strerror or error}); it was made meanwhile "
             "by another export, or cannot be written: remove it or pass --output DIR"
         ) from None
-
-
-def _refuse_tag_fallback(model_dir: Path, fp32_fallback: float | None) -> None:
-    """Refuse ``--fp32_fallback`` for a multi_label run: its close calls are two classes' probabilities, not tags'."""
-    from ..training.model_files import read_json_object
-
-    if fp32_fallback is None:
-        return
-    config = read_json_object(model_dir / "config.json", "copy or save the model again")
-    if config.get("problem_type") == "multi_label_classification":
-        raise FinetuneError(
-            "--fp32_fallback scores again the reviews whose two likeliest classes are close, and this run gives "
-            "several tags per review (multi_label); leave out --fp32_fallback"
-        )
 
 
 def _record_tag_agreement(export_dir: Path, model: Any, tokenizer: Any, run_config: dict[str, Any] | None) -> None:

@@ -65,6 +65,7 @@ def load_inference_model(model_dir: Path, tags_read: bool = False) -> tuple[Any,
 
     from ..training.model_check import check_model_config, check_model_folder, refuse_tag_model
     from ..training.model_files import require_vocabulary
+    from .tag_thresholds import is_tag_model, tag_thresholds
 
     require_inference_folder(model_dir)
     if not tags_read:
@@ -79,7 +80,11 @@ def load_inference_model(model_dir: Path, tags_read: bool = False) -> tuple[Any,
     if fallback is None:
         return int8, tokenizer
     fp32_dir, margin = fallback
-    return Int8WithFallback(int8, check_model_folder(fp32_dir, tokenizer=tokenizer), margin), tokenizer
+    fp32 = check_model_folder(fp32_dir, tokenizer=tokenizer)
+    # A tags export's close calls are tags near the thresholds it carries (the run's tuned ones).
+    names = [int8.config.id2label[index] for index in range(int8.config.num_labels)]
+    thresholds = tag_thresholds(model_dir, names) if is_tag_model(int8) else None
+    return Int8WithFallback(int8, fp32, margin, thresholds), tokenizer
 
 
 def warn_if_model_changed(model_dir: Path, what: str) -> None:
