@@ -65,7 +65,7 @@ def test_predict_answers_the_tags_at_the_runs_thresholds_and_every_score(tag_run
     assert info["task"] == "multi_label" and info["classes"] == TAGS
     assert info["thresholds"] == pytest.approx(dict(zip(TAGS, thresholds)))
     report = json.loads((tag_run / "test_report.json").read_text())
-    assert info["test"]["micro_f1"] == report["micro_f1"] and info["explain"] is False
+    assert info["test"]["micro_f1"] == report["micro_f1"] and info["explain"] is True
 
 
 @pytest.mark.parametrize("threshold", [0.01, 0.99])
@@ -79,12 +79,19 @@ def test_threshold_gives_every_tag_one_threshold(tag_run, threshold):
     assert served.tag_thresholds.tolist() == [threshold] * 3
 
 
-def test_explain_on_tags_is_a_501_that_names_where_to_get_the_words(tag_run):
-    with TestClient(create_app(load_served_model(tag_run))) as client:
-        answer = client.post("/explain", json={"reviews": REVIEWS})
-    assert answer.status_code == 501
-    error = answer.json()["error"]
-    assert "several tags per review" in error and "finetune predict --explain" in error
+def test_explain_gives_the_words_behind_each_tag_given(tag_run):
+    with TestClient(create_app(load_served_model(tag_run, threshold=0.01))) as client:
+        explained = client.post("/explain", json={"reviews": REVIEWS, "top_k": 2})
+        predicted = client.post("/predict", json={"reviews": REVIEWS})
+    assert explained.status_code == 200, explained.text
+    for result, prediction in zip(explained.json()["results"], predicted.json()["results"], strict=True):
+        assert result["labels"] == prediction["labels"] == TAGS  # at 0.01 every tag is given
+        assert result["scores"] == prediction["scores"]
+        assert list(result["words"]) == list(result["top_words"]) == TAGS
+        for tag in TAGS:
+            assert [word["word"] for word in result["words"][tag]] == result["text"].split()
+            assert all(result["text"][word["start"] : word["end"]] == word["word"] for word in result["words"][tag])
+            assert len(result["top_words"][tag]) <= 2
 
 
 @pytest.mark.parametrize("threshold", ["0", "1", "1.5", "-0.2"])
@@ -128,7 +135,8 @@ def test_the_page_shows_each_reviews_tags_as_chips_and_every_tags_probability(ta
             names = row.locator(".probability .name").all_inner_texts()
             page.screenshot(path=str(tmp_path / "serve-tags-page.png"), full_page=True)
             heading = page.locator("#label-heading").inner_text()
+            button = page.locator("#run").inner_text()
             browser.close()
     finally:
         assert server.stop() == 0, (tmp_path / "serve.log").read_text()
-    assert chips == TAGS and names == TAGS and heading == "Tags"
+    assert chips == TAGS and names == TAGS and heading == "Tags" and button == "Tag and explain"

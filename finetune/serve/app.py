@@ -123,10 +123,18 @@ class Explanation(Prediction):
     top_words: list[WordScore]
 
 
-class ExplainResponse(BaseModel):
-    """One explanation per review, in the order sent."""
+class TagExplanation(TagPrediction):
+    """A multi_label review's tags with, for each tag given, the words behind it (scored toward its logit)."""
 
-    results: list[Explanation]
+    text: str
+    words: dict[str, list[WordScore]]
+    top_words: dict[str, list[WordScore]]
+
+
+class ExplainResponse(BaseModel):
+    """One explanation per review, in the order sent: of its label, or of each of a multi_label run's tags."""
+
+    results: list[Explanation | TagExplanation]
 
 
 class RequestProblem(Exception):
@@ -327,18 +335,28 @@ def _add_model_routes(app: FastAPI, serving: _Serving) -> None:
             raise RequestProblem(501, serving.live.served.why_not_explainable)
         texts = _model_inputs(serving.live.served, body.reviews)
         explained = await serving.explanations.submit(texts)
+        return {"results": [_explanation(text, explanation, body.top_k) for text, explanation in zip(texts, explained)]}
+
+
+def _explanation(text: str, explanation: Any, top_k: int) -> dict[str, Any]:
+    """One review's explanation as ``/explain`` answers it: its label's words, or each of its tags'."""
+    from ..evaluation.explain import TagExplanation as TagWords
+
+    if isinstance(explanation, TagWords):
         return {
-            "results": [
-                {
-                    "text": text,
-                    "label": explanation.label,
-                    "probabilities": explanation.probabilities,
-                    "words": [_word(word) for word in explanation.words],
-                    "top_words": [_word(word) for word in explanation.top_words(body.top_k)],
-                }
-                for text, explanation in zip(texts, explained)
-            ]
+            "text": text,
+            "labels": explanation.labels,
+            "scores": {tag: round(p, 6) for tag, p in explanation.scores.items()},  # as /predict rounds them
+            "words": {tag: [_word(word) for word in words] for tag, words in explanation.words.items()},
+            "top_words": {tag: [_word(word) for word in words] for tag, words in explanation.top_words(top_k).items()},
         }
+    return {
+        "text": text,
+        "label": explanation.label,
+        "probabilities": explanation.probabilities,
+        "words": [_word(word) for word in explanation.words],
+        "top_words": [_word(word) for word in explanation.top_words(top_k)],
+    }
 
 
 def _word(word: Any) -> dict[str, Any]:

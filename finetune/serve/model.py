@@ -90,11 +90,6 @@ class ServedModel:
     @property
     def why_not_explainable(self) -> str | None:
         """Why ``/explain`` cannot answer with this model, or None when it can."""
-        if self.tags:
-            return (
-                f"{self.model_dir} gives several tags per review, and /explain explains one label per review; "
-                "ask /predict for the tags, or run finetune predict --explain for the words behind each tag"
-            )
         if self.explainable is None:
             return (
                 f"{self.model_dir} is an int8 export without its fp32 model, which explanations need; serve the run "
@@ -103,12 +98,28 @@ class ServedModel:
         return None
 
     def explain(self, texts: list[str]) -> list[Any]:
-        """A :class:`~finetune.evaluation.explain.ReviewExplanation` for each text (word spans index the text)."""
-        from ..evaluation.explain import explain_reviews
+        """A :class:`~finetune.evaluation.explain.ReviewExplanation` for each text (word spans index the text).
+
+        With tags, a :class:`~finetune.evaluation.explain.TagExplanation`: the words behind each tag given.
+        """
+        from ..evaluation.explain import explain_reviews, explain_tag_predictions
 
         problem = self.why_not_explainable
         if problem:
             raise FinetuneError(problem)
+        if self.tags:
+            probabilities = predict_probabilities(
+                self.model, self.tokenizer, texts, INFERENCE_BATCH_SIZE, self.encoding
+            )
+            return explain_tag_predictions(
+                self.model,
+                self.tokenizer,
+                texts,
+                probabilities,
+                self.tag_thresholds,
+                batch_size=INFERENCE_BATCH_SIZE,
+                max_length=self.encoding.max_length,
+            )
         # The loaded model itself, an export's fallback wrapper included: the labels explained are the ones
         # /predict gives, and explain_reviews takes the gradients of the fp32 model inside it.
         return explain_reviews(

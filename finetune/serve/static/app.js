@@ -60,10 +60,10 @@ async function loadInfo() {
   }
   const kind = tags ? "tags" : "classes";
   els.info.textContent = `${info.base_model || info.model_dir} (${info.backend}) · ${kind}: ${classes.join(", ")}${test}`;
-  // Tags have no shaded words on this page (/explain explains one label per review): labels and scores only.
-  els.run.textContent = tags ? "Tag" : "Label and explain";
+  // Tags: no shading (a review's words push each tag differently); each chip's tooltip lists its top words.
+  els.run.textContent = tags ? "Tag and explain" : "Label and explain";
   document.getElementById("label-heading").textContent = tags ? "Tags" : "Label";
-  document.querySelector("#output .legend").hidden = tags;
+  document.querySelector("#output .legend").hidden = tags; // the shading legend: no shading for tags
 }
 
 // RFC 4180 CSV (quoted fields, doubled quotes, line breaks inside quotes); TSV when the name says so.
@@ -125,7 +125,7 @@ async function run() {
     for (let start = 0; start < reviews.length; start += maxReviews) {
       const chunk = reviews.slice(start, start + maxReviews);
       setStatus(`Labelling reviews ${start + 1}–${start + chunk.length} of ${reviews.length}…`);
-      let answer = await post(tags ? "/predict" : "/explain", chunk);
+      let answer = await post("/explain", chunk);
       if (answer.status === 501) answer = await post("/predict", chunk); // an int8 export: labels without words
       if (!answer.ok) {
         if (answer.status === 401) els.tokenField.hidden = false;
@@ -188,14 +188,16 @@ function probabilityBars(probabilities) {
   return cell;
 }
 
-// A multi_label review's tags as chips; "no tag" when none reached its threshold.
-function tagChips(labels) {
+// A multi_label review's tags as chips, each titled with the words behind it; "no tag" when none reached its threshold.
+function tagChips(labels, topWords) {
   const cell = document.createElement("td");
   cell.className = "tags";
   for (const name of labels) {
     const chip = document.createElement("span");
     chip.className = "tag";
     chip.textContent = name;
+    const words = (topWords || {})[name] || [];
+    if (words.length) chip.title = words.map((w) => `${w.word} (${w.score.toFixed(3)})`).join(", ");
     cell.append(chip);
   }
   if (!labels.length) {
@@ -215,7 +217,8 @@ function render() {
     const number = document.createElement("td");
     number.textContent = String(i + 1);
     if (result.labels) {
-      row.append(number, shadedReview(result), tagChips(result.labels), probabilityBars(result.scores));
+      // Shading is per label; a tags review is shown as read, its words in each chip's tooltip.
+      row.append(number, shadedReview({ ...result, words: [] }), tagChips(result.labels, result.top_words), probabilityBars(result.scores));
       els.body.append(row);
       return;
     }
