@@ -120,6 +120,8 @@ def test_fp32_fallback_on_tags_rescores_reviews_with_a_tag_near_its_threshold(ta
     fallback = predict_probabilities(model, tokenizer, reviews)
     fp32 = predict_probabilities(*load_inference_model(tag_run, tags_read=True), reviews)
     assert model.rescored == 3 and np.allclose(fallback, fp32, atol=1e-6)
+    # A --threshold for every tag (predict, serve) is where a tag can change, so close calls are judged there.
+    assert load_inference_model(exported, tags_read=True, threshold=0.3)[0].tag_thresholds.tolist() == [0.3] * 3
     capsys.readouterr()
 
 

@@ -157,7 +157,7 @@ def _predict_batches(
     from ..data.encoding import ReviewEncoding
     from ..evaluation.inference import load_inference_model, predict_probabilities, warn_if_model_changed
 
-    model, tokenizer = load_inference_model(reading.model_dir, tags_read=True)
+    model, tokenizer = load_inference_model(reading.model_dir, tags_read=True, threshold=reading.threshold)
     # After the check: a model that does not work is refused in one line, with no warning before it.
     warn_if_model_changed(reading.model_dir, "its predictions")
     tags = _Tags.of(model, reading, output.format)

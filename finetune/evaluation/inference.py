@@ -52,14 +52,17 @@ def require_inference_folder(model_dir: Path) -> None:
     require_model_folder(model_dir)
 
 
-def load_inference_model(model_dir: Path, tags_read: bool = False) -> tuple[Any, PreTrainedTokenizerBase]:
+def load_inference_model(
+    model_dir: Path, tags_read: bool = False, threshold: float | None = None
+) -> tuple[Any, PreTrainedTokenizerBase]:
     """The classifier in ``model_dir`` (PyTorch, or OpenVINO / ONNX Runtime for an int8 export) and its tokenizer.
 
     A PyTorch model is loaded by :func:`~finetune.training.model_check.check_model_folder`, so one
     whose weights do not fit its config, whose classes are not the run's or whose answers are not
     numbers is refused in one line. An int8 export made with ``--fp32_fallback`` comes wrapped with
     its fp32 model (:mod:`.fallback`). A model with several tags per review is refused unless the
-    caller reads tags (``tags_read``: ``predict``, ``serve``, ``export``).
+    caller reads tags (``tags_read``: ``predict``, ``serve``, ``export``); a tags export's fallback
+    judges close calls at the caller's ``threshold`` for every tag, or else at the run's thresholds.
     """
     from transformers import AutoTokenizer
 
@@ -83,7 +86,7 @@ def load_inference_model(model_dir: Path, tags_read: bool = False) -> tuple[Any,
     fp32 = check_model_folder(fp32_dir, tokenizer=tokenizer)
     # A tags export's close calls are tags near the thresholds it carries (the run's tuned ones).
     names = [int8.config.id2label[index] for index in range(int8.config.num_labels)]
-    thresholds = tag_thresholds(model_dir, names) if is_tag_model(int8) else None
+    thresholds = tag_thresholds(model_dir, names, threshold) if is_tag_model(int8) else None
     return Int8WithFallback(int8, fp32, margin, thresholds), tokenizer
 
 

@@ -150,7 +150,7 @@ def load_served_model(model_path: str | Path, threshold: float | None = None) ->
     check_threshold(threshold)
     model_dir = Path(model_path)
     require_served_folder(model_dir)
-    model, tokenizer = load_inference_model(model_dir, tags_read=True)
+    model, tokenizer = load_inference_model(model_dir, tags_read=True, threshold=threshold)
     own_weights(model)
     warn_if_model_changed(model_dir, "its answers")
     run_config = find_run_config(model_dir) or {}
