@@ -31,6 +31,7 @@ SERVE_DEFAULTS = {
     "keep_alive_timeout": 5.0,
     "max_connections": 256,
     "reload_on_change": False,
+    "threshold": None,
 }
 
 # What `finetune bench r.yaml` passes when no flag is given.
@@ -207,7 +208,7 @@ CASES = [
         (
             "serve m --host 0.0.0.0 --port 0 --token t --max_body_bytes 9 --max_reviews 8 --max_review_chars 7 "
             "--max_batch_size 6 --max_wait_ms 0.5 --access_log --threads 1 --on_bad_text replace --header_timeout "
-            "1.5 --body_timeout 2 --keep_alive_timeout 3 --max_connections 4 --reload_on_change"
+            "1.5 --body_timeout 2 --keep_alive_timeout 3 --max_connections 4 --reload_on_change --threshold 0.3"
         ),
         "serve:serve",
         {
@@ -228,6 +229,7 @@ CASES = [
             "keep_alive_timeout": 3.0,
             "max_connections": 4,
             "reload_on_change": True,
+            "threshold": 0.3,
         },
     ),
     ("bench r.yaml", "finetune.bench.command:bench", BENCH_DEFAULTS),

@@ -166,11 +166,6 @@ def test_predict_threshold_flag_gives_every_tag_one_threshold(tag_run, tmp_path,
     assert "--threshold must be between 0 and 1 (got 1.0)" in run_cli(["predict", tag_run, "--threshold", "1"], capsys)
 
 
-def test_commands_that_read_one_label_refuse_a_tag_run_in_one_line(tag_run, capsys):
-    test_file = tag_run.parent / "test.jsonl"
-    assert "drop --explain" in run_cli(["predict", tag_run, "--input", test_file, "--explain"], capsys)
-
-
 def test_tags_separated_in_a_csv_and_a_review_with_none_train(tmp_path, tiny_model_dir):
     rows = tagged_reviews(40, 4)
     lines = ["review,tags", *(f"{row['review']},{'|'.join(row['tags'])}" for row in rows)]

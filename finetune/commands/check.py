@@ -91,10 +91,12 @@ def check(
 
     # The recipe's own data, as it trains on it: its classes, and its split sizes, which the draw copies.
     own = load_recipe(recipe, without_flags(recipe_flags, {f"--{name}": True for name in SAMPLE_FIELDS}))
+    refuse_tags(recipe, entry.name, own.data.task == "multi_label" or own.data.label_separator is not None)
     columns = check_columns(entry, own.data)
     if own.data.class_names:  # named by the recipe: checked before its data is read (or downloaded)
         check_label_bins(entry, list(own.data.class_names), recipe)
     own_data = load_review_data(own.data, seed=own.training.seed)
+    refuse_tags(recipe, entry.name, own_data.multi_label)  # tags inferred from lists in the data
     label_bins = check_label_bins(entry, own_data.label_names, recipe)
     own_rows = own_split_sizes(own_data)
 
@@ -175,6 +177,15 @@ def open_check_teacher(
         trained_on = teacher_run.dataset_name or "files of its own"
         raise FinetuneError(f"the teacher {teacher} trained on {trained_on}, not on the check data {dataset}: {how}")
     return teacher_run
+
+
+def refuse_tags(recipe: str, dataset: str, multi_label: bool) -> None:
+    """Refuse a recipe with several tags per review: a check dataset's ratings map onto one class per review."""
+    if multi_label:
+        raise FinetuneError(
+            f"{recipe} trains several tags per review (multi_label), and finetune check maps {dataset}'s ratings "
+            "onto one class per review; measure a tags recipe's spread with finetune train RECIPE --seeds 3"
+        )
 
 
 def check_label_bins(entry: CatalogEntry, classes: list[str], recipe: str) -> dict[str, list[float]]:

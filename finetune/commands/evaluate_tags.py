@@ -73,13 +73,15 @@ def _score_tags(
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     """One model's tag report on the scored reviews, its probabilities and the thresholds it was read at."""
     from ..evaluation.inference import load_inference_model, predict_probabilities, warn_if_model_changed
-    from ..evaluation.multi_label import read_tag_thresholds, tag_report
+    from ..evaluation.multi_label import tag_report
+    from ..evaluation.tag_thresholds import tag_thresholds, thresholds_file
     from ..training.runs import checkpoint_step
 
     model, tokenizer = load_inference_model(model_dir, tags_read=True)
     warn_if_model_changed(model_dir, "its scores")
     probabilities = predict_probabilities(model, tokenizer, scoring.texts, settings.batch_size, scoring.encoding)
-    thresholds, source = read_tag_thresholds(model_dir, tag_names)
+    thresholds = tag_thresholds(model_dir, tag_names)
+    source = str(thresholds_file(model_dir) or "none saved (0.5 for every tag)")
     report = tag_report(probabilities, truth, tag_names, thresholds, source, settings.resamples, settings.seed)
     return {"model": str(model_dir), "step": checkpoint_step(model_dir), **report}, probabilities, thresholds
 

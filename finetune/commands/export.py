@@ -7,11 +7,18 @@ small groups, closer to fp32 and slower. ``onnxruntime`` is dynamic int8,
 slower still here, and needs no reviews. With ``--fp32_fallback MARGIN`` (either
 backend) the folder also keeps the fp32 model, which scores again the reviews
 whose int8 top-two probabilities are within ``MARGIN`` (:mod:`finetune.export.fallback`).
+
+A multi_label run's export keeps its tags: ``config.json``'s problem_type and the
+run's ``tag_thresholds.json`` travel with it, and its tags are compared with the
+fp32 model's on the run's test split, per review-tag pair (printed, and kept in
+``export.json``; :mod:`finetune.export.agreement`). Its ``--fp32_fallback``
+scores again the reviews with a tag within ``MARGIN`` of its threshold.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import sys
@@ -40,7 +47,8 @@ def export(
     stores only the weights in int8 and quantizes activations at run time in
     small groups (OpenVINO; closer to fp32, slower, no calibration).
     ``fp32_fallback`` keeps the fp32 model beside int8 for the reviews whose two
-    likeliest classes int8 puts within that gap of each other.
+    likeliest classes int8 puts within that gap of each other (a tags run: a tag within that gap of its
+    threshold).
     """
     from ..evaluation.inference import load_inference_model
     from ..training.runs import find_run_config, require_model_folder
@@ -60,12 +68,12 @@ def export(
     texts, texts_source = (
         _calibration_texts(model_dir, run_config, calibration, calibration_reviews) if static else ([], "")
     )
-    model, tokenizer = load_inference_model(model_dir)
+    model, tokenizer = load_inference_model(model_dir, tags_read=True)
     try:
         model_file = _write_int8(
             model, tokenizer, staging, model_dir, backend, weights_only, run_config, texts, texts_source
         )
-        _finish_export(model_dir, staging, output_dir, model, fp32_fallback)
+        _finish_export(model_dir, staging, output_dir, (model, tokenizer), fp32_fallback, run_config)
         model_file = output_dir / model_file.relative_to(staging)
     except BaseException:
         # Half an export is no model: leave nothing a later predict could mistake for one.
@@ -153,14 +161,31 @@ def _write_int8(
     return export_int8(model, tokenizer, staging, source=str(model_dir))
 
 
-def _finish_export(model_dir: Path, staging: Path, output_dir: Path, model: Any, fp32_fallback: float | None) -> None:
-    """The run record (and the fp32 fallback) added to ``staging``, then renamed to ``output_dir`` whole."""
+def _finish_export(
+    model_dir: Path,
+    staging: Path,
+    output_dir: Path,
+    model_and_tokenizer: tuple[Any, Any],
+    fp32_fallback: float | None,
+    run_config: dict[str, Any] | None,
+) -> None:
+    """The run record (a tags run's thresholds, the fp32 fallback) added to ``staging``, renamed to ``output_dir``.
+
+    A multi_label run's export is measured against its fp32 model on the run's test split
+    (:func:`_record_tag_agreement`) before it is renamed into place.
+    """
+    from ..evaluation.tag_thresholds import copy_tag_thresholds, is_tag_model
     from ..export.common import copy_run_record
     from ..export.fallback import add_fp32_fallback
 
+    model, tokenizer = model_and_tokenizer
     copy_run_record(model_dir, staging)
+    # An export predicts a run's tags at the thresholds the run tuned, so it carries them.
+    copy_tag_thresholds(model_dir, staging)
     if fp32_fallback is not None:
-        add_fp32_fallback(staging, model, fp32_fallback)
+        add_fp32_fallback(staging, model, fp32_fallback, tags=is_tag_model(model))
+    if is_tag_model(model):
+        _record_tag_agreement(staging, model, tokenizer, run_config)
     try:
         os.rename(staging, output_dir)  # fails rather than replace a folder another export made meanwhile
     except OSError as error:
@@ -168,6 +193,49 @@ def _finish_export(model_dir: Path, staging: Path, output_dir: Path, model: Any,
             f"cannot move the export into {output_dir} ({error.strerror or error}); it was made meanwhile "
             "by another export, or cannot be written: remove it or pass --output DIR"
         ) from None
+
+
+def _record_tag_agreement(export_dir: Path, model: Any, tokenizer: Any, run_config: dict[str, Any] | None) -> None:
+    """Score the run's test split with the fp32 model and the export; print and record how often their tags agree.
+
+    The export is read back as ``predict`` and ``serve`` read it, at the thresholds it carries;
+    the figures go to its ``export.json`` (``tag_agreement``).
+    """
+    from ..config.output_files import write_output_text
+    from ..data.encoding import ReviewEncoding
+    from ..evaluation.inference import load_inference_model, predict_probabilities
+    from ..evaluation.tag_thresholds import tag_thresholds
+    from ..export.agreement import tag_agreement
+    from ..export.common import EXPORT_RECORD, read_export_record
+    from ..training.runs import load_run_data
+
+    data = load_run_data(run_config) if run_config is not None else None
+    if data is None or "test" not in data.splits:
+        print(
+            "note: the run has no test split on record, so int8's tags were not compared with fp32's; "
+            "compare them with finetune predict on labelled reviews",
+            file=sys.stderr,
+        )
+        return
+    texts = list(data.splits["test"]["text"])
+    encoding = ReviewEncoding.from_fields((run_config or {}).get("data", {}))
+    int8, _ = load_inference_model(export_dir, tags_read=True)
+    names = [model.config.id2label[index] for index in range(model.config.num_labels)]
+    agreement = tag_agreement(
+        predict_probabilities(model, tokenizer, texts, encoding=encoding),
+        predict_probabilities(int8, tokenizer, texts, encoding=encoding),
+        tag_thresholds(export_dir, names),
+        names,
+    )
+    record = read_export_record(export_dir)
+    record["tag_agreement"] = {"split": "test", **agreement}
+    write_output_text(export_dir / EXPORT_RECORD, json.dumps(record, indent=2) + "\n")
+    print(
+        f"int8 gives the same tags as fp32 on {agreement['pair_agreement']:.2%} of the {agreement['pairs']:,} "
+        f"review-tag pairs of the run's test split ({agreement['pairs_changed']:,} changed), and the same whole "
+        f"set on {agreement['review_agreement']:.2%} of its {agreement['reviews']:,} reviews",
+        file=sys.stderr,
+    )
 
 
 def _remove_dead_exports(output_dir: Path) -> None:

@@ -50,7 +50,8 @@ def predict(
     format, or CSV to stdout, a batch at a time. With ``explain``, a
     ``top_words`` column too: the words that pushed each review toward its
     label (:mod:`finetune.evaluation.explain`), as ``"word (score); ..."`` in
-    CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL.
+    CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL; with tags,
+    the words behind each tag given (``"tag: word (score) | tag: ..."``, an object of lists).
 
     A multi_label run (several tags per review) writes ``labels`` instead: the
     tags whose probability reaches their threshold (``tag_thresholds.json``, or
@@ -104,10 +105,10 @@ def _checked_output(
     """``--output`` checked before anything is read (None: standard output), with the other options."""
     from ..config.output_files import is_stream
     from ..evaluation.inference import check_batch_size
+    from ..evaluation.tag_thresholds import check_threshold
 
     check_batch_size(batch_size)
-    if threshold is not None and not 0.0 < threshold < 1.0:
-        raise FinetuneError(f"--threshold must be between 0 and 1 (got {threshold}); e.g. --threshold 0.5")
+    check_threshold(threshold)
     if on_bad_text not in ON_BAD_TEXT:
         raise FinetuneError(f"--on_bad_text must be one of {', '.join(ON_BAD_TEXT)} (got {on_bad_text!r})")
     if explain and model_dir.is_dir():
@@ -156,7 +157,7 @@ def _predict_batches(
     from ..data.encoding import ReviewEncoding
     from ..evaluation.inference import load_inference_model, predict_probabilities, warn_if_model_changed
 
-    model, tokenizer = load_inference_model(reading.model_dir, tags_read=True)
+    model, tokenizer = load_inference_model(reading.model_dir, tags_read=True, threshold=reading.threshold)
     # After the check: a model that does not work is refused in one line, with no warning before it.
     warn_if_model_changed(reading.model_dir, "its predictions")
     tags = _Tags.of(model, reading, output.format)
@@ -184,7 +185,7 @@ def _predict_batches(
         results = [_result({}, probs, label_names) if tags is None else tags.result(probs) for probs in probabilities]
         if reading.explain:
             _add_top_words(
-                results, model, tokenizer, nonempty, probabilities, reading.batch_size, encoding, output.format
+                results, (model, tokenizer), nonempty, probabilities, reading.batch_size, encoding, output.format, tags
             )
         answers = iter(results)
         output.write(
@@ -245,20 +246,13 @@ class _Tags:
 
     @classmethod
     def of(cls, model: Any, reading: _Reading, output_format: str) -> _Tags | None:
-        """The tags of a multi_label model (None for one label per review); refuses ``--explain`` with them."""
-        import numpy as np
+        """A multi_label model's tags, at the run's thresholds or ``--threshold`` (None for one label per review)."""
+        from ..evaluation.tag_thresholds import tag_thresholds
 
         if getattr(model.config, "problem_type", None) != "multi_label_classification":
             return None
-        if reading.explain:
-            raise FinetuneError(
-                "--explain gives the words behind one label per review, and this run gives several tags; drop --explain"
-            )
         names = [model.config.id2label[index] for index in range(model.config.num_labels)]
-        if reading.threshold is not None:
-            thresholds = np.full(len(names), reading.threshold)
-        else:
-            thresholds = np.array([_tag_thresholds(reading.model_dir).get(name, 0.5) for name in names])
+        thresholds = tag_thresholds(reading.model_dir, names, reading.threshold)
         separator = reading.data_fields.get("label_separator") or "|"
         return cls(names, thresholds, separator, output_format == "jsonl")
 
@@ -270,47 +264,43 @@ class _Tags:
         return result
 
 
-def _tag_thresholds(model_dir: Path) -> dict[str, float]:
-    """The run's tuned threshold per tag (``tag_thresholds.json`` in the folder, or the run's above a checkpoint)."""
-    import json
-
-    for folder in (model_dir, model_dir.parent):
-        path = folder / "tag_thresholds.json"
-        if path.is_file():
-            try:
-                return dict(json.loads(path.read_text(encoding="utf-8"))["thresholds"])
-            except (ValueError, KeyError, TypeError) as error:
-                raise FinetuneError(
-                    f"{path} is damaged ({error}); pass --threshold 0.5 to give every tag one threshold"
-                ) from None
-    print("note: no tag_thresholds.json beside the model; every tag's threshold is 0.5", file=sys.stderr)
-    return {}
-
-
 def _add_top_words(
     results: list[dict[str, Any]],
-    model: Any,
-    tokenizer: Any,
+    model_and_tokenizer: tuple[Any, Any],
     texts: list[str],
     probabilities: Any,
     batch_size: int,
     encoding: Any,
     output_format: str,
+    tags: _Tags | None = None,
 ) -> None:
-    """Add each result's ``top_words``: the words behind the label predict gave it (one cell, or a JSON list)."""
-    from ..evaluation.explain import explain_predictions, format_top_words
+    """Add each result's ``top_words``: the words behind the label predict gave it (one cell, or a JSON list).
+
+    With tags, the words behind each tag given: ``"tag: word (score); ... | tag: ..."`` in one cell,
+    or a JSON object of a list per tag.
+    """
+    from ..evaluation.explain import explain_predictions, explain_tag_predictions, format_top_words
 
     if not texts:
         return
-    explanations = explain_predictions(
-        model, tokenizer, texts, probabilities, batch_size=batch_size, max_length=encoding.max_length
-    )
+    model, tokenizer = model_and_tokenizer
+    settings = {"batch_size": batch_size, "max_length": encoding.max_length}
+    if tags is None:
+        explanations: list[Any] = explain_predictions(model, tokenizer, texts, probabilities, **settings)
+    else:
+        explanations = explain_tag_predictions(model, tokenizer, texts, probabilities, tags.thresholds, **settings)
     for result, explanation in zip(results, explanations):
-        if output_format == "jsonl":
-            words = explanation.top_words()
-            result["top_words"] = [{"word": word.word, "score": round(word.score, 4)} for word in words]
-        else:
+        if output_format != "jsonl":
             result["top_words"] = format_top_words(explanation)
+        elif tags is None:
+            result["top_words"] = _word_objects(explanation.top_words())
+        else:
+            result["top_words"] = {tag: _word_objects(words) for tag, words in explanation.top_words().items()}
+
+
+def _word_objects(words: list[Any]) -> list[dict[str, Any]]:
+    """Words and their scores as JSON objects, the score rounded to 4 places."""
+    return [{"word": word.word, "score": round(word.score, 4)} for word in words]
 
 
 # ------------------------------------------------------------------ writing

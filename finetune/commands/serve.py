@@ -42,15 +42,15 @@ def serve(
     keep_alive_timeout: float = 5.0,
     max_connections: int = 256,
     reload_on_change: bool = False,
+    threshold: float | None = None,
 ) -> None:
     """Serve the model in ``model_path`` (a run, checkpoint or int8 export folder) until SIGTERM or Ctrl-C.
 
-    ``token`` (default: ``$FINETUNE_SERVE_TOKEN``) makes ``/predict``,
-    ``/explain`` and ``/info`` answer only requests with ``Authorization:
-    Bearer TOKEN``. ``port`` 0 takes a free port; the address is printed
-    on stderr either way. ``threads`` sets torch's threads (default: one per core).
-    ``on_bad_text`` is what becomes of a review holding text that is not
-    Unicode: a 422 (``refuse``) or U+FFFD in its place (``replace``).
+    ``token`` (default: ``$FINETUNE_SERVE_TOKEN``) makes ``/predict``, ``/explain`` and ``/info``
+    answer only requests with ``Authorization: Bearer TOKEN``. ``port`` 0 takes a free port; the
+    address is printed on stderr either way. ``threads`` sets torch's threads (default: one per core).
+    ``on_bad_text``: a review holding text that is not Unicode gets a 422 (``refuse``) or U+FFFD (``replace``).
+    A multi_label run answers ``labels`` (tags at their tuned threshold, or ``threshold``) and ``scores``.
 
     A connection must send a request's headers within ``header_timeout``
     seconds and its body within ``body_timeout`` more, and is closed after
@@ -67,11 +67,11 @@ def serve(
     # Every check before the model loads: a mistake costs a second, not a load.
     token = token if token is not None else os.environ.get(TOKEN_ENV)
     connections = ConnectionLimits(header_timeout, body_timeout, keep_alive_timeout, max_connections)
-    _check_options(token, max_wait_ms, max_body_bytes, connections)
+    _check_options(token, max_wait_ms, max_body_bytes, connections, threshold)
     require_served_folder(model_path)
     listener = _listen(host, port)
     _set_threads(threads)
-    served = load_served_model(model_path)
+    served = load_served_model(model_path, threshold)
     app = create_app(
         served,
         ServeLimits(max_body_bytes=max_body_bytes, max_reviews=max_reviews, max_review_chars=max_review_chars),
@@ -128,10 +128,18 @@ def _run_server(
     _server_class()(config).run(sockets=[listener])
 
 
-def _check_options(token: str | None, max_wait_ms: float, max_body_bytes: int, connections: ConnectionLimits) -> None:
-    """Refuse an empty token, a negative wait, and limits and timeouts that would stop every request."""
+def _check_options(
+    token: str | None,
+    max_wait_ms: float,
+    max_body_bytes: int,
+    connections: ConnectionLimits,
+    threshold: float | None = None,
+) -> None:
+    """Refuse an empty token, a negative wait, limits and timeouts that would stop every request, a bad threshold."""
+    from ..evaluation.tag_thresholds import check_threshold
     from ..serve.app import TOKEN_ENV
 
+    check_threshold(threshold)
     if token is not None and not token.strip():
         raise FinetuneError(f"the token is empty; pass --token with a secret, or unset {TOKEN_ENV}")
     if max_wait_ms < 0:

@@ -7,7 +7,9 @@ Each trial trains the recipe's model from the same seed with other values of
 recipe's seed; its median pruner stops a trial whose validation score lags the
 others' at the same update). The objective is the trial's best validation
 macro-F1, the model ``load_best_model_at_end`` would keep. Trials save no
-checkpoints.
+checkpoints. A multi_label recipe's trials train tags (a sigmoid each) and
+are compared on validation macro-F1 over tags, each tag given at 0.5 (the
+thresholds a run tunes after training are not tuned per trial).
 
 Everything lands in ``OUTPUT`` (default ``runs/<recipe>-tune``):
 ``trials.journal`` (Optuna's log: a stopped search resumes from it with the
@@ -164,13 +166,14 @@ def _trials_trainer(run: Any, trainer_inputs: tuple[Any, Any, Any], callbacks: l
 
     data, tokenizer, encoded = trainer_inputs
     return ReviewTrainer(
-        model_init=lambda trial: load_classifier(run.model, data.label_names),
+        # A multi_label recipe's trials train and score tags (a sigmoid each), as its run would.
+        model_init=lambda trial: load_classifier(run.model, data.label_names, data.multi_label),
         args=run.training,
         train_dataset=encoded["train"],
         eval_dataset=encoded["validation"],
         data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=run.training.pad_to_multiple_of),
         processing_class=tokenizer,
-        compute_metrics=build_compute_metrics(data.label_names),
+        compute_metrics=build_compute_metrics(data.label_names, data.multi_label),
         callbacks=callbacks,
     )
 

@@ -84,6 +84,27 @@ class ReviewExplanation:
         return sorted(pushing, key=lambda word: word.score, reverse=True)[:k]
 
 
+@dataclass(frozen=True)
+class TagExplanation:
+    """A multi_label review's tags, every tag's probability, and for each tag given the words behind it.
+
+    ``words[tag]`` is every word of the review in order, scored toward that tag's logit (its log-odds).
+    """
+
+    labels: list[str]
+    scores: dict[str, float]
+    words: dict[str, list[WordAttribution]]
+    top_k: int = TOP_K
+
+    def top_words(self, k: int | None = None) -> dict[str, list[WordAttribution]]:
+        """Per tag given, the ``k`` (default ``top_k``) words that pushed most toward it, highest score first."""
+        k = self.top_k if k is None else k
+        return {
+            tag: sorted((word for word in words if word.score > 0), key=lambda word: word.score, reverse=True)[:k]
+            for tag, words in self.words.items()
+        }
+
+
 def can_explain_folder(model_dir: Path) -> bool:
     """Whether the model in ``model_dir`` has gradients: PyTorch weights, or an int8 export with its fp32 fallback."""
     from ..export.fallback import read_fallback
@@ -98,9 +119,18 @@ def require_explainable_folder(model_dir: Path) -> None:
         raise FinetuneError(f"{model_dir}: {NO_GRADIENTS}")
 
 
-def format_top_words(explanation: ReviewExplanation, k: int | None = None) -> str:
-    """The top words as one cell: ``"refund (0.81); broke (0.42)"`` (three significant digits)."""
-    return "; ".join(f"{word.word} ({word.score:.3g})" for word in explanation.top_words(k))
+def format_top_words(explanation: ReviewExplanation | TagExplanation, k: int | None = None) -> str:
+    """The top words as one cell: ``"refund (0.81); broke (0.42)"`` (three significant digits).
+
+    A review's tags: each tag's, after its name, ``"price: cheap (0.8) | delivery: late (0.6); box (0.1)"``.
+    """
+    if isinstance(explanation, TagExplanation):
+        return " | ".join(f"{tag}: {_word_list(words)}" for tag, words in explanation.top_words(k).items())
+    return _word_list(explanation.top_words(k))
+
+
+def _word_list(words: list[WordAttribution]) -> str:
+    return "; ".join(f"{word.word} ({word.score:.3g})" for word in words)
 
 
 def explain_reviews(
@@ -167,15 +197,7 @@ def explain_predictions(
     reviews (``predict``, ``evaluate``): the words explained are the label they
     report, and the reviews are not scored twice.
     """
-    from .inference import check_batch_size
-
-    check_batch_size(batch_size)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise FinetuneError(f"top_k must be a whole number >= 1 (got {top_k!r}); pass e.g. top_k=5")
-    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
-        raise FinetuneError(f"n_steps must be a whole number >= 1 (got {n_steps!r}); the default is {N_STEPS}")
-    if method not in METHODS:
-        raise FinetuneError(f"method must be one of {', '.join(METHODS)} (got {method!r})")
+    _check_settings(batch_size, top_k, n_steps, method)
     gradient_model = _gradient_model(model, tokenizer)
     texts = list(reviews)
     if not texts:
@@ -196,6 +218,68 @@ def explain_predictions(
         )
         for index, text in enumerate(texts)
     ]
+
+
+def explain_tag_predictions(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    reviews: Sequence[str],
+    probabilities: Any,
+    thresholds: Any,
+    *,
+    top_k: int = TOP_K,
+    batch_size: int = 16,
+    max_length: int | None = None,
+    n_steps: int = N_STEPS,
+    method: str = METHODS[0],
+) -> list[TagExplanation]:
+    """The words behind each tag a multi_label model gives each review: one :class:`TagExplanation` per review.
+
+    A tag is given where its probability (``probabilities``, one row per review)
+    reaches its threshold (``thresholds``, one per tag), as ``predict`` gives it.
+    Each (review, tag given) pair is explained on its own: the attributed output is
+    that tag's logit, the log-odds of its sigmoid, since tags do not compete as a
+    softmax's classes do. Its words' scores add up to ``logit(tag | review) -
+    logit(tag | baseline)``. A review with no tag gets no words.
+    """
+    _check_settings(batch_size, top_k, n_steps, method)
+    gradient_model = _gradient_model(model, tokenizer)
+    texts = list(reviews)
+    probabilities = np.asarray(probabilities, dtype=np.float64).reshape(len(texts), model.config.num_labels)
+    given = probabilities >= np.asarray(thresholds, dtype=np.float64)
+    # One row per (review, tag given), so a batch attributes each row to its own tag's logit.
+    pairs = [(review, int(tag)) for review in range(len(texts)) for tag in np.flatnonzero(given[review])]
+    max_length = max_length or _default_max_length(gradient_model, tokenizer)
+    tag_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
+    pair_texts = [texts[review] for review, _ in pairs]
+    targets = np.array([tag for _, tag in pairs], dtype=np.int64)
+    settings = (batch_size, max_length, n_steps, method)
+    scores = _word_piece_scores(gradient_model, tokenizer, pair_texts, targets, *settings, True) if pairs else []
+    words: list[dict[str, list[WordAttribution]]] = [{} for _ in texts]
+    for (review, tag), (offsets, piece_scores) in zip(pairs, scores):
+        words[review][tag_names[tag]] = _merge_into_words(texts[review], offsets, piece_scores)
+    return [
+        TagExplanation(
+            labels=list(words[index]),
+            scores={name: float(p) for name, p in zip(tag_names, probabilities[index])},
+            words=words[index],
+            top_k=top_k,
+        )
+        for index in range(len(texts))
+    ]
+
+
+def _check_settings(batch_size: int, top_k: int, n_steps: int, method: str) -> None:
+    """Refuse a batch size, ``top_k`` or step count under 1, and a method that is not one of ``METHODS``."""
+    from .inference import check_batch_size
+
+    check_batch_size(batch_size)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise FinetuneError(f"top_k must be a whole number >= 1 (got {top_k!r}); pass e.g. top_k=5")
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise FinetuneError(f"n_steps must be a whole number >= 1 (got {n_steps!r}); the default is {N_STEPS}")
+    if method not in METHODS:
+        raise FinetuneError(f"method must be one of {', '.join(METHODS)} (got {method!r})")
 
 
 def _gradient_model(model: Any, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
@@ -266,8 +350,12 @@ def _word_piece_scores(
     max_length: int,
     n_steps: int,
     method: str,
+    tag_logits: bool = False,
 ) -> list[tuple[list[tuple[int, int]], np.ndarray]]:
-    """For each text: its word pieces' character offsets and Integrated Gradients scores (special tokens excluded)."""
+    """For each text: its word pieces' character offsets and Integrated Gradients scores (special tokens excluded).
+
+    Attributed: the log-probability of class ``predicted[i]``, or with ``tag_logits`` that tag's logit.
+    """
     from captum.attr import LayerGradientXActivation, LayerIntegratedGradients
 
     device = next(model.parameters()).device
@@ -277,7 +365,8 @@ def _word_piece_scores(
 
     def log_probabilities(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-        return torch.log_softmax(logits.float(), dim=-1)
+        # A tag's logit is its log-odds: tags are independent yes/no questions, not rivals in a softmax.
+        return logits.float() if tag_logits else torch.log_softmax(logits.float(), dim=-1)
 
     embeddings = model.get_input_embeddings()
     integrated = LayerIntegratedGradients(log_probabilities, embeddings)

@@ -52,23 +52,27 @@ def require_inference_folder(model_dir: Path) -> None:
     require_model_folder(model_dir)
 
 
-def load_inference_model(model_dir: Path, tags_read: bool = False) -> tuple[Any, PreTrainedTokenizerBase]:
+def load_inference_model(
+    model_dir: Path, tags_read: bool = False, threshold: float | None = None
+) -> tuple[Any, PreTrainedTokenizerBase]:
     """The classifier in ``model_dir`` (PyTorch, or OpenVINO / ONNX Runtime for an int8 export) and its tokenizer.
 
     A PyTorch model is loaded by :func:`~finetune.training.model_check.check_model_folder`, so one
     whose weights do not fit its config, whose classes are not the run's or whose answers are not
     numbers is refused in one line. An int8 export made with ``--fp32_fallback`` comes wrapped with
     its fp32 model (:mod:`.fallback`). A model with several tags per review is refused unless the
-    caller reads tags (``tags_read``: ``predict``).
+    caller reads tags (``tags_read``: ``predict``, ``serve``, ``export``); a tags export's fallback
+    judges close calls at the caller's ``threshold`` for every tag, or else at the run's thresholds.
     """
     from transformers import AutoTokenizer
 
     from ..training.model_check import check_model_config, check_model_folder, refuse_tag_model
     from ..training.model_files import require_vocabulary
+    from .tag_thresholds import is_tag_model, tag_thresholds
 
     require_inference_folder(model_dir)
     if not tags_read:
-        refuse_tag_model(model_dir, "finetune evaluate, serve and export read")
+        refuse_tag_model(model_dir, "finetune distill and bench read")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     require_vocabulary(tokenizer, model_dir)
     if not is_exported_folder(model_dir):
@@ -79,7 +83,11 @@ def load_inference_model(model_dir: Path, tags_read: bool = False) -> tuple[Any,
     if fallback is None:
         return int8, tokenizer
     fp32_dir, margin = fallback
-    return Int8WithFallback(int8, check_model_folder(fp32_dir, tokenizer=tokenizer), margin), tokenizer
+    fp32 = check_model_folder(fp32_dir, tokenizer=tokenizer)
+    # A tags export's close calls are tags near the thresholds it carries (the run's tuned ones).
+    names = [int8.config.id2label[index] for index in range(int8.config.num_labels)]
+    thresholds = tag_thresholds(model_dir, names, threshold) if is_tag_model(int8) else None
+    return Int8WithFallback(int8, fp32, margin, thresholds), tokenizer
 
 
 def warn_if_model_changed(model_dir: Path, what: str) -> None:

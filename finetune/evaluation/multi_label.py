@@ -18,7 +18,6 @@ bootstrap intervals over reviews, in memory bounded by the number of tags.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -273,42 +272,3 @@ def _as_rows(values: Any) -> np.ndarray:
     """``values`` as a 2-D array of reviews by tags."""
     array = np.asarray(values)
     return array.reshape(len(array), -1)
-
-
-# The run folder's file of per-tag thresholds (a multi_label run), tuned on the validation split.
-THRESHOLDS_FILE = "tag_thresholds.json"
-
-
-def read_tag_thresholds(model_dir: Path, tag_names: list[str]) -> tuple[np.ndarray, str]:
-    """The thresholds a model's run tuned (its folder's ``tag_thresholds.json``, or the run's above a checkpoint).
-
-    Returns one threshold per tag, in ``tag_names`` order, and where they came
-    from; ``DEFAULT_THRESHOLD`` for every tag where the run saved none.
-    """
-    import json
-
-    from ..errors import FinetuneError
-
-    for folder in (model_dir, model_dir.parent):
-        path = folder / THRESHOLDS_FILE
-        if not path.is_file():
-            continue
-        try:
-            saved = dict(json.loads(path.read_text(encoding="utf-8"))["thresholds"])
-            return np.array([float(saved.get(name, DEFAULT_THRESHOLD)) for name in tag_names]), str(path)
-        except (ValueError, KeyError, TypeError) as error:
-            raise FinetuneError(
-                f"{path} is damaged ({error}); restore it from a copy of the run, or delete it to use 0.5 for every tag"
-            ) from None
-    return np.full(len(tag_names), DEFAULT_THRESHOLD), f"none saved ({DEFAULT_THRESHOLD} for every tag)"
-
-
-def is_tag_model(model_dir: Path) -> bool:
-    """Whether the model folder holds a multi_label model (its config's ``problem_type``); False without a config."""
-    import json
-
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("problem_type") == "multi_label_classification"

@@ -1,4 +1,4 @@
-"""Int8 with an fp32 second look at its close calls.
+"""Int8 with an fp32 second look at its close calls (for tags: a tag near its threshold).
 
 Int8 moves a review's class probabilities by about 0.01 on average (drugscom,
 ``finetune bench``), so it changes a label almost only where the two likeliest
@@ -10,6 +10,10 @@ are within ``MARGIN`` are scored again by it, and its probabilities replace
 int8's. At 0.1 that re-scored 3-4% of the test reviews and kept at least 99.2%
 of the labels on every seed, for about a tenth of the int8 speed-up (README,
 "Fast prediction").
+
+A multi_label run's tags change where a tag's probability crosses its
+threshold, so there a close call is a review with any tag whose int8
+probability is within ``MARGIN`` of that tag's threshold.
 """
 
 from __future__ import annotations
@@ -37,16 +41,23 @@ def check_fallback_margin(margin: float) -> None:
         )
 
 
-def add_fp32_fallback(export_dir: Path, model: Any, margin: float) -> None:
-    """Save ``model`` (fp32) into ``export_dir``/fp32 and record ``margin`` in the export's ``export.json``."""
+def add_fp32_fallback(export_dir: Path, model: Any, margin: float, tags: bool = False) -> None:
+    """Save ``model`` (fp32) into ``export_dir``/fp32 and record ``margin`` in the export's ``export.json``.
+
+    ``tags``: the model gives several tags per review, whose close calls are tags near their thresholds.
+    """
     check_fallback_margin(margin)
     model.float().save_pretrained(export_dir / FALLBACK_FOLDER, safe_serialization=True)
     record = read_export_record(export_dir)
+    close = (
+        "reviews with a tag whose int8 probability is within margin of the tag's threshold (tag_thresholds.json)"
+        if tags
+        else "reviews whose int8 top-two class probabilities differ by less than margin"
+    )
     record["fp32_fallback"] = {
         "margin": float(margin),
         "folder": FALLBACK_FOLDER,
-        "rule": "reviews whose int8 top-two class probabilities differ by less than margin are scored by the "
-        "fp32 model in folder, whose probabilities replace int8's",
+        "rule": f"{close} are scored by the fp32 model in folder, whose probabilities replace int8's",
     }
     write_output_text(export_dir / EXPORT_RECORD, json.dumps(record, indent=2) + "\n")
 
@@ -59,20 +70,30 @@ def top_two_gap(probabilities: np.ndarray) -> np.ndarray:
     return top_two[:, 1] - top_two[:, 0]
 
 
+def near_a_threshold(probabilities: np.ndarray, thresholds: np.ndarray, margin: float) -> np.ndarray:
+    """Row indices with any tag whose probability is within ``margin`` of its threshold (one per column)."""
+    distance = np.abs(np.asarray(probabilities, dtype=np.float64) - np.asarray(thresholds, dtype=np.float64))
+    return np.flatnonzero((distance < margin).any(axis=1))
+
+
 class Int8WithFallback:
     """An int8 classifier and the fp32 model that scores its close calls again.
 
-    ``rescored`` counts the reviews the fp32 model has scored, for reports.
+    With ``tag_thresholds`` (a multi_label model, one per tag) a close call is a tag near its
+    threshold, else two classes near a tie. ``rescored`` counts the reviews the fp32 model has scored.
     """
 
-    def __init__(self, int8: Any, fp32: Any, margin: float) -> None:
+    def __init__(self, int8: Any, fp32: Any, margin: float, tag_thresholds: np.ndarray | None = None) -> None:
         check_fallback_margin(margin)
         self.int8, self.fp32, self.margin = int8, fp32, float(margin)
+        self.tag_thresholds = tag_thresholds
         self.config = int8.config
         self.rescored = 0
 
     def close_calls(self, probabilities: np.ndarray) -> np.ndarray:
-        """Row indices whose two likeliest classes are within the margin."""
+        """Row indices whose two likeliest classes are within the margin (tags: any tag near its threshold)."""
+        if self.tag_thresholds is not None:
+            return near_a_threshold(probabilities, self.tag_thresholds, self.margin)
         return np.flatnonzero(top_two_gap(probabilities) < self.margin)
 
 

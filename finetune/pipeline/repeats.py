@@ -197,8 +197,11 @@ def _write_summary(
     recipe: str | None, overrides: list[str], plan: RepeatPlan, runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """Every run's figures and their mean and sample standard deviation, written and printed; returns them."""
-    kind, columns = plan.kind, _columns(plan.scored_on)
+    # A multi_label recipe's runs report micro-F1, its headline, which gets columns of its own.
+    tags = any(_micro_columns(plan.scored_on)[0] in entry for entry in runs)
+    kind, columns = plan.kind, _columns(plan.scored_on, tags)
     summary = {
+        **({"task": "multi_label"} if tags else {}),
         "recipe": recipe,
         "overrides": overrides,
         f"{kind}s": [entry[kind] for entry in runs],
@@ -300,7 +303,7 @@ def _holds_finished_report(output_dir: Path) -> bool:
 
 def format_summary(summary: dict[str, Any], kind: str) -> str:
     """A markdown table: one row per run, then mean and sample standard deviation."""
-    names = _columns(summary.get("scored_on", "test"))
+    names = _columns(summary.get("scored_on", "test"), summary.get("task") == "multi_label")
     lines = [f"| {kind} | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for entry in summary["runs"]:
         lines.append(f"| {entry[kind]} | " + " | ".join(_cell(entry[name], name) for name in names) + " |")
@@ -313,6 +316,7 @@ def format_summary(summary: dict[str, Any], kind: str) -> str:
 # Each run's lead over the baseline on its own reviews: (name, the model's figure, the baseline's).
 _LEADS = ("accuracy vs baseline", "macro-F1 vs baseline")
 _SECONDS = "train seconds"
+_MICRO_F1_LEAD = "micro-F1 vs baseline"
 
 
 def _figure_sources(scored_on: str) -> dict[str, tuple[str, str]]:
@@ -326,10 +330,16 @@ def _figure_sources(scored_on: str) -> dict[str, tuple[str, str]]:
     }
 
 
-def _columns(scored_on: str) -> list[str]:
-    """The table's columns: the scores, the leads, then the seconds."""
+def _columns(scored_on: str, tags: bool = False) -> list[str]:
+    """The table's columns: the scores, the leads, then the seconds (tags: micro-F1's three first)."""
     scores = [name for name in _figure_sources(scored_on) if name != _SECONDS]
-    return [*scores, *_LEADS, _SECONDS]
+    micro = _micro_columns(scored_on) if tags else []
+    return [*micro, *scores, *_LEADS, _SECONDS]
+
+
+def _micro_columns(scored_on: str) -> list[str]:
+    """A multi_label run's headline (every review-tag pair counted once): its micro-F1, the baseline's, the lead."""
+    return [f"{scored_on} micro-F1", "baseline micro-F1", _MICRO_F1_LEAD]
 
 
 def _figures(metrics: dict[str, Any], scored_on: str) -> dict[str, Any]:
@@ -344,6 +354,10 @@ def _figures(metrics: dict[str, Any], scored_on: str) -> dict[str, Any]:
     for name, (model, baseline) in zip(_LEADS, compared):
         known = figures[model] is not None and figures[baseline] is not None
         figures[name] = figures[model] - figures[baseline] if known else None
+    micro, baseline_micro = sources["test"].get("micro_f1"), sources["baseline_test"].get("micro_f1")
+    if micro is not None:
+        lead = micro - baseline_micro if baseline_micro is not None else None
+        figures.update(zip(_micro_columns(scored_on), (micro, baseline_micro, lead)))
     return figures
 
 
@@ -360,6 +374,6 @@ def _sd(values: list[float | None]) -> float | None:
 def _cell(value: float | None, name: str, signed: bool = True) -> str:
     if value is None:
         return "-"
-    if name in _LEADS and signed:
+    if name in (*_LEADS, _MICRO_F1_LEAD) and signed:
         return f"{value:+.3f}"
     return f"{value:.0f}" if name == _SECONDS else f"{value:.3f}"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.output_files import write_output_text
 from ..data.columns import column_values
+from ..evaluation.tag_thresholds import THRESHOLDS_FILE  # each tag's threshold, tuned on the validation split
 
 if TYPE_CHECKING:
     from .reading import RunInputs
@@ -51,7 +52,7 @@ def _score_tags(trainer: Any, inputs: RunInputs) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from ..evaluation.multi_label import THRESHOLDS_FILE, multi_label_report
+    from ..evaluation.multi_label import multi_label_report
 
     def probabilities_and_labels(split: str) -> tuple[np.ndarray, np.ndarray]:
         prediction = trainer.predict(inputs.encoded[split], metric_key_prefix=split)

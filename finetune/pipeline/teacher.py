@@ -57,7 +57,10 @@ class TeacherRun:
                 f"teacher {path} has a model but no {RUN_CONFIG}, so how it reads reviews is unknown; "
                 "pass a run folder made by 'finetune train'"
             )
-        refuse_tag_model(folder, "finetune distill reads")
+        # Soft sigmoid targets per tag are not built: the loss, the cache and the trade read a softmax.
+        refuse_tag_model(
+            folder, "finetune distill reads", "train a small model on the tags themselves with finetune train"
+        )
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         id2label = config.get("id2label") or {}
         class_names = [id2label[str(index)] for index in range(len(id2label))] if id2label else []
@@ -82,6 +85,11 @@ class TeacherRun:
         # The splits as the run will draw them, read here so that what is wrong with them (a test review the
         # teacher trained on, a source with nothing left to label) is said before anything is written.
         data = load_review_data(run.data, seed=run.training.seed)
+        if data.multi_label:
+            raise FinetuneError(
+                f"{recipe or 'the recipe'} trains several tags per review (multi_label), and finetune distill is for "
+                "one label per review for now; train it with finetune train"
+            )
         self.check_unseen(data)
         unused = None
         if run.data.unlabeled_from:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -38,7 +39,7 @@ from ..data.bad_text import describe_bad_text, first_bad_character, repair_text
 from ..errors import FinetuneError
 from .batching import Batcher
 from .connections import CLOSED_BECAUSE, ConnectionLimits
-from .model import ServedModel
+from .model import ServedModel, load_served_model
 from .watch import LiveModel
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -92,10 +93,17 @@ class Prediction(BaseModel):
     probabilities: dict[str, float]
 
 
-class PredictResponse(BaseModel):
-    """One prediction per review, in the order sent."""
+class TagPrediction(BaseModel):
+    """One review's tags (a multi_label run): those whose probability reaches their threshold, and every tag's."""
 
-    results: list[Prediction]
+    labels: list[str]
+    scores: dict[str, float]
+
+
+class PredictResponse(BaseModel):
+    """One prediction per review, in the order sent: a label, or a multi_label run's tags."""
+
+    results: list[Prediction | TagPrediction]
 
 
 class WordScore(BaseModel):
@@ -115,10 +123,18 @@ class Explanation(Prediction):
     top_words: list[WordScore]
 
 
-class ExplainResponse(BaseModel):
-    """One explanation per review, in the order sent."""
+class TagExplanation(TagPrediction):
+    """A multi_label review's tags with, for each tag given, the words behind it (scored toward its logit)."""
 
-    results: list[Explanation]
+    text: str
+    words: dict[str, list[WordScore]]
+    top_words: dict[str, list[WordScore]]
+
+
+class ExplainResponse(BaseModel):
+    """One explanation per review, in the order sent: of its label, or of each of a multi_label run's tags."""
+
+    results: list[Explanation | TagExplanation]
 
 
 class RequestProblem(Exception):
@@ -200,7 +216,8 @@ class _Serving:
         check_token: Callable[[Request], None],
     ) -> _Serving:
         """The live model, its thread and batchers (started with the app, in :meth:`lifespan`)."""
-        live = LiveModel(served, reload_on_change)
+        # A reload keeps the --threshold the server started with.
+        live = LiveModel(served, reload_on_change, functools.partial(load_served_model, threshold=served.threshold))
         # One thread runs the model: torch already spreads one call over the cores, and two calls would fight for them.
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         wait = batching.max_wait_ms / 1000
@@ -230,6 +247,12 @@ class _Serving:
         return {
             "model_dir": str(served.model_dir),
             "classes": served.class_names,
+            "task": "multi_label" if served.tags else "single_label",
+            "thresholds": (
+                dict(zip(served.class_names, (float(value) for value in served.tag_thresholds)))
+                if served.tags
+                else None
+            ),
             "base_model": served.base_model,
             "backend": served.backend,
             "test": served.test_scores,
@@ -312,18 +335,28 @@ def _add_model_routes(app: FastAPI, serving: _Serving) -> None:
             raise RequestProblem(501, serving.live.served.why_not_explainable)
         texts = _model_inputs(serving.live.served, body.reviews)
         explained = await serving.explanations.submit(texts)
+        return {"results": [_explanation(text, explanation, body.top_k) for text, explanation in zip(texts, explained)]}
+
+
+def _explanation(text: str, explanation: Any, top_k: int) -> dict[str, Any]:
+    """One review's explanation as ``/explain`` answers it: its label's words, or each of its tags'."""
+    from ..evaluation.explain import TagExplanation as TagWords
+
+    if isinstance(explanation, TagWords):
         return {
-            "results": [
-                {
-                    "text": text,
-                    "label": explanation.label,
-                    "probabilities": explanation.probabilities,
-                    "words": [_word(word) for word in explanation.words],
-                    "top_words": [_word(word) for word in explanation.top_words(body.top_k)],
-                }
-                for text, explanation in zip(texts, explained)
-            ]
+            "text": text,
+            "labels": explanation.labels,
+            "scores": {tag: round(p, 6) for tag, p in explanation.scores.items()},  # as /predict rounds them
+            "words": {tag: [_word(word) for word in words] for tag, words in explanation.words.items()},
+            "top_words": {tag: [_word(word) for word in words] for tag, words in explanation.top_words(top_k).items()},
         }
+    return {
+        "text": text,
+        "label": explanation.label,
+        "probabilities": explanation.probabilities,
+        "words": [_word(word) for word in explanation.words],
+        "top_words": [_word(word) for word in explanation.top_words(top_k)],
+    }
 
 
 def _word(word: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from ..evaluation.inference import (
     require_inference_folder,
     warn_if_model_changed,
 )
+from ..evaluation.tag_thresholds import check_threshold, is_tag_model, tag_thresholds
 from ..export.fallback import Int8WithFallback
 from ..export.onnxruntime import is_onnx_folder
 from ..export.openvino import is_openvino_folder
@@ -41,14 +42,36 @@ class ServedModel:
     base_model: str | None
     backend: str
     test_scores: dict[str, Any] | None
+    # A multi_label run's threshold per tag, in class_names order (None: one label per review).
+    tag_thresholds: Any = None
+    # The --threshold the server was started with (None: the run's tuned ones), kept for a reload.
+    threshold: float | None = None
+
+    @property
+    def tags(self) -> bool:
+        """Whether the model gives several tags per review (a multi_label run) rather than one label."""
+        return self.tag_thresholds is not None
 
     def model_inputs(self, reviews: list[str]) -> list[str]:
         """The reviews as the model reads them: cleaned as in training (HTML entities, ``<br>``, spaces)."""
         return clean_texts(list(reviews)) if self.clean else [review.strip() for review in reviews]
 
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
-        """A label and the class probabilities for each text (already passed through :meth:`model_inputs`)."""
+        """A label and the class probabilities for each text (already passed through :meth:`model_inputs`).
+
+        With tags: ``labels``, the tags whose probability reaches their threshold, and ``scores``, every tag's
+        probability, as ``finetune predict`` gives them.
+        """
         probabilities = predict_probabilities(self.model, self.tokenizer, texts, INFERENCE_BATCH_SIZE, self.encoding)
+        if self.tags:
+            given = probabilities >= self.tag_thresholds
+            return [
+                {
+                    "labels": [name for name, is_given in zip(self.class_names, row_given) if is_given],
+                    "scores": {name: round(float(p), 6) for name, p in zip(self.class_names, row)},
+                }
+                for row, row_given in zip(probabilities, given)
+            ]
         return [
             {
                 "label": self.class_names[int(row.argmax())],
@@ -75,12 +98,28 @@ class ServedModel:
         return None
 
     def explain(self, texts: list[str]) -> list[Any]:
-        """A :class:`~finetune.evaluation.explain.ReviewExplanation` for each text (word spans index the text)."""
-        from ..evaluation.explain import explain_reviews
+        """A :class:`~finetune.evaluation.explain.ReviewExplanation` for each text (word spans index the text).
+
+        With tags, a :class:`~finetune.evaluation.explain.TagExplanation`: the words behind each tag given.
+        """
+        from ..evaluation.explain import explain_reviews, explain_tag_predictions
 
         problem = self.why_not_explainable
         if problem:
             raise FinetuneError(problem)
+        if self.tags:
+            probabilities = predict_probabilities(
+                self.model, self.tokenizer, texts, INFERENCE_BATCH_SIZE, self.encoding
+            )
+            return explain_tag_predictions(
+                self.model,
+                self.tokenizer,
+                texts,
+                probabilities,
+                self.tag_thresholds,
+                batch_size=INFERENCE_BATCH_SIZE,
+                max_length=self.encoding.max_length,
+            )
         # The loaded model itself, an export's fallback wrapper included: the labels explained are the ones
         # /predict gives, and explain_reviews takes the gradients of the fp32 model inside it.
         return explain_reviews(
@@ -100,15 +139,18 @@ def require_served_folder(model_path: str | Path) -> None:
     require_inference_folder(model_dir)
 
 
-def load_served_model(model_path: str | Path) -> ServedModel:
+def load_served_model(model_path: str | Path, threshold: float | None = None) -> ServedModel:
     """Load and check the model in ``model_path``: a run folder, a checkpoint, or an int8 export folder.
 
     Refused in one line (a ``FinetuneError``) as ``finetune predict`` refuses it: a folder with no
     model, weights that do not fit the config, classes not the run's, answers that are not numbers.
+    A multi_label run's tags are given at its tuned thresholds (``tag_thresholds.json``), or at
+    ``threshold`` for every tag.
     """
+    check_threshold(threshold)
     model_dir = Path(model_path)
     require_served_folder(model_dir)
-    model, tokenizer = load_inference_model(model_dir)
+    model, tokenizer = load_inference_model(model_dir, tags_read=True, threshold=threshold)
     own_weights(model)
     warn_if_model_changed(model_dir, "its answers")
     run_config = find_run_config(model_dir) or {}
@@ -119,16 +161,19 @@ def load_served_model(model_path: str | Path) -> ServedModel:
         backend = "onnxruntime int8"
     else:
         backend = "pytorch"
+    class_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
     return ServedModel(
         model_dir=model_dir,
         model=model,
         tokenizer=tokenizer,
         encoding=ReviewEncoding.from_fields(data_fields),
         clean=bool(data_fields.get("clean_text", True)),
-        class_names=[model.config.id2label[index] for index in range(model.config.num_labels)],
+        class_names=class_names,
         base_model=(run_config.get("model") or {}).get("model_name_or_path"),
         backend=backend + (" with fp32 fallback" if isinstance(model, Int8WithFallback) else ""),
         test_scores=_test_scores(model_dir),
+        tag_thresholds=tag_thresholds(model_dir, class_names, threshold) if is_tag_model(model) else None,
+        threshold=threshold,
     )
 
 
@@ -164,4 +209,5 @@ def _test_scores(model_dir: Path) -> dict[str, Any] | None:
     if not isinstance(test, dict):
         return None
     # The scores a reader compares, not the confusion matrix's raw counts.
-    return {key: test[key] for key in ("accuracy", "macro_f1", "per_class", "num_samples", "intervals") if key in test}
+    shown = ("task", "micro_f1", "accuracy", "macro_f1", "per_class", "num_samples", "intervals")
+    return {key: test[key] for key in shown if key in test}

@@ -29,10 +29,11 @@ SAMPLE_REVIEW = "Great value, it works as described."
 _NAMES_SHOWN = 3
 
 
-def refuse_tag_model(folder: str | Path, readers: str) -> None:
+def refuse_tag_model(folder: str | Path, readers: str, fix: str | None = None) -> None:
     """Refuse a model with several tags per review (a multi_label run) where ``readers`` read one label per review.
 
-    ``readers`` names them with their verb, e.g. ``"finetune distill reads"``.
+    ``readers`` names them with their verb, e.g. ``"finetune distill reads"``; ``fix`` replaces the
+    message's default advice (score it with transformers' pipeline, or label reviews with predict).
 
     Such a folder is a plain Hugging Face folder that transformers scores with a
     sigmoid per tag; the commands that read runs (predict, evaluate, serve,
@@ -46,8 +47,12 @@ def refuse_tag_model(folder: str | Path, readers: str) -> None:
     if isinstance(config, dict) and config.get("problem_type") == "multi_label_classification":
         raise FinetuneError(
             f"{folder} holds a model with several tags per review (a multi_label run), and {readers} one label "
-            "per review for now; score it with transformers.pipeline('text-classification', model=FOLDER, "
-            "top_k=None) and the thresholds in its tag_thresholds.json, or label reviews with finetune predict"
+            "per review for now; "
+            + (
+                fix
+                or "score it with transformers.pipeline('text-classification', model=FOLDER, top_k=None) and the "
+                "thresholds in its tag_thresholds.json, or label reviews with finetune predict"
+            )
         )
 
 

@@ -47,6 +47,10 @@ class ServeOptions:
     max_connections: int = option(
         256, type=positive_int, help="most connections open at once; one more gets 503 and is closed (default: 256)"
     )
+    threshold: float | None = option(
+        help="a multi_label run's tags: give a tag where its probability reaches this, for every tag "
+        "(default: each tag's own, tuned on validation, from tag_thresholds.json)"
+    )
     reload_on_change: bool = option(
         False, help="load the model again when its files change on disk (default: keep serving it, and warn)"
     )

@@ -25,6 +25,7 @@ const FORMULA_STARTS = ["=", "+", "-", "@", "\t", "\r", "\n", "\0"];
 const FORMULA_SIGNS = ["=", "+", "-", "@", "\uff1d", "\uff0b", "\uff0d", "\uff20"];
 const HIDDEN_LEAD = /^[\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff\x00]*/;
 let classes = [];
+let tags = false; // a multi_label run: each review gets a set of tags, each with its own probability
 let maxReviews = 64; // per request; /info gives the server's limit
 let results = [];
 
@@ -49,11 +50,20 @@ async function loadInfo() {
   }
   const info = await response.json();
   classes = info.classes;
+  tags = info.task === "multi_label";
   maxReviews = info.limits.max_reviews;
-  const test = info.test
-    ? ` · test accuracy ${(info.test.accuracy * 100).toFixed(1)}%, macro-F1 ${info.test.macro_f1.toFixed(3)}`
-    : "";
-  els.info.textContent = `${info.base_model || info.model_dir} (${info.backend}) · classes: ${classes.join(", ")}${test}`;
+  let test = "";
+  if (info.test && tags) {
+    test = ` · test micro-F1 ${info.test.micro_f1.toFixed(3)}, macro-F1 ${info.test.macro_f1.toFixed(3)}`;
+  } else if (info.test) {
+    test = ` · test accuracy ${(info.test.accuracy * 100).toFixed(1)}%, macro-F1 ${info.test.macro_f1.toFixed(3)}`;
+  }
+  const kind = tags ? "tags" : "classes";
+  els.info.textContent = `${info.base_model || info.model_dir} (${info.backend}) · ${kind}: ${classes.join(", ")}${test}`;
+  // Tags: no shading (a review's words push each tag differently); each chip's tooltip lists its top words.
+  els.run.textContent = tags ? "Tag and explain" : "Label and explain";
+  document.getElementById("label-heading").textContent = tags ? "Tags" : "Label";
+  document.querySelector("#output .legend").hidden = tags; // the shading legend: no shading for tags
 }
 
 // RFC 4180 CSV (quoted fields, doubled quotes, line breaks inside quotes); TSV when the name says so.
@@ -178,6 +188,27 @@ function probabilityBars(probabilities) {
   return cell;
 }
 
+// A multi_label review's tags as chips, each titled with the words behind it; "no tag" when none reached its threshold.
+function tagChips(labels, topWords) {
+  const cell = document.createElement("td");
+  cell.className = "tags";
+  for (const name of labels) {
+    const chip = document.createElement("span");
+    chip.className = "tag";
+    chip.textContent = name;
+    const words = (topWords || {})[name] || [];
+    if (words.length) chip.title = words.map((w) => `${w.word} (${w.score.toFixed(3)})`).join(", ");
+    cell.append(chip);
+  }
+  if (!labels.length) {
+    const none = document.createElement("span");
+    none.className = "no-tag";
+    none.textContent = "no tag";
+    cell.append(none);
+  }
+  return cell;
+}
+
 function render() {
   els.body.replaceChildren();
   results.forEach((result, i) => {
@@ -185,6 +216,12 @@ function render() {
     row.className = "result";
     const number = document.createElement("td");
     number.textContent = String(i + 1);
+    if (result.labels) {
+      // Shading is per label; a tags review is shown as read, its words in each chip's tooltip.
+      row.append(number, shadedReview({ ...result, words: [] }), tagChips(result.labels, result.top_words), probabilityBars(result.scores));
+      els.body.append(row);
+      return;
+    }
     const label = document.createElement("td");
     label.className = "label";
     label.textContent = result.label;
@@ -203,12 +240,27 @@ function csvField(value) {
 }
 
 function downloadCsv() {
+  if (results[0].labels) { downloadTagsCsv(); return; }
   const names = classes.length ? classes : Object.keys(results[0].probabilities);
   const lines = [["review", "label", ...names.map((n) => `prob_${n}`), "top_words"].map(csvField).join(",")];
   for (const r of results) {
     const top = (r.top_words || []).map((w) => `${w.word} (${w.score.toFixed(3)})`).join("; ");
     lines.push([r.review, r.label, ...names.map((n) => r.probabilities[n]), top].map(csvField).join(","));
   }
+  saveCsv(lines);
+}
+
+// A multi_label run's results as `finetune predict` writes them: the tags joined by "|", a prob_<tag> per tag.
+function downloadTagsCsv() {
+  const names = classes.length ? classes : Object.keys(results[0].scores);
+  const lines = [["review", "labels", ...names.map((n) => `prob_${n}`)].map(csvField).join(",")];
+  for (const r of results) {
+    lines.push([r.review, r.labels.join("|"), ...names.map((n) => r.scores[n])].map(csvField).join(","));
+  }
+  saveCsv(lines);
+}
+
+function saveCsv(lines) {
   const link = document.createElement("a");
   link.href = URL.createObjectURL(new Blob([lines.join("\r\n") + "\r\n"], { type: "text/csv" }));
   link.download = "predictions.csv";
