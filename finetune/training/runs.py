@@ -336,7 +336,14 @@ def data_fields_on_record(data: Any) -> dict[str, Any]:
     ``finetune evaluate`` may run from another folder than training did.
     """
     data_fields = asdict(data)
-    for key in ("dataset_dir", "train_file", "validation_file", "test_file", "extra_train_file"):
+    for key in (
+        "dataset_dir",
+        "train_file",
+        "validation_file",
+        "test_file",
+        "extra_train_file",
+        "drop_label_issues",
+    ):
         if data_fields.get(key):
             data_fields[key] = str(Path(data_fields[key]).resolve())
     return data_fields
