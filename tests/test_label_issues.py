@@ -155,21 +155,35 @@ def test_the_words_find_most_flips_and_the_pairs_are_counted(tfidf_look):
 
 
 def test_dropping_the_listed_rows_trains_without_them(tfidf_look, tmp_path, tiny_model_dir):
+    from finetune.training.runs import load_run_data
+
     folder, table, _, _ = tfidf_look
-    listed_path = folder / "run" / "label_issues_tfidf" / "label_issues.csv"
+    listed_path = tmp_path / "issues.csv"
+    listed_path.write_bytes((folder / "run" / "label_issues_tfidf" / "label_issues.csv").read_bytes())
     listed = pd.read_csv(listed_path, keep_default_na=False)
     assert len(listed) > 0
-    recipe = write_recipe(tmp_path, tiny_model_dir, table, drop_label_issues=str(listed_path))
+    recipe = write_recipe(
+        tmp_path, tiny_model_dir, table, drop_label_issues=str(listed_path), validation_split_percentage=20
+    )
     assert main(["train", str(recipe)]) == 0
     run = tmp_path / "run"
     record = json.loads((run / "finetune_run.json").read_text())
     report = record["data_report"]
     assert report["label_issues_dropped"] == sorted(listed["row_id"])
     kept = table.drop(index=listed["row_id"])
-    assert report["rows"]["train"] == len(kept)
-    assert report["class_counts"]["train"] == {name: int((kept["class"] == name).sum()) for name in CLASSES}
+    assert report["rows"]["train"] + report["rows"]["validation"] == len(kept)
+    counts = collections.Counter(kept["class"])
+    assert {
+        name: report["class_counts"]["train"][name] + report["class_counts"]["validation"][name] for name in CLASSES
+    } == {name: counts[name] for name in CLASSES}
     assert (run / "dropped_label_issues.csv").read_bytes() == listed_path.read_bytes()
     assert f"left out of training: {len(listed)} reviews" in (run / "README.md").read_text()
+    # evaluate, export and distill read the run's splits back from its own record, not from the user's list.
+    validation = list(load_run_data(record).splits["validation"]["text"])
+    listed_path.unlink()
+    again = load_run_data(record).splits
+    assert list(again["validation"]["text"]) == validation
+    assert sorted(list(again["train"]["text"]) + validation) == sorted(kept["review"])
 
 
 def test_the_fine_tuned_folds_score_the_rows_they_did_not_train_on(tmp_path, tiny_model_dir):

@@ -71,8 +71,8 @@ def _refuse_earlier_list(path: Path, overwrite: bool) -> None:
     # The list may have been edited by hand (rows deleted after reading them): never replaced unasked.
     if path.exists() and not overwrite:
         raise FinetuneError(
-            f"{path} already exists (perhaps edited); pass --overwrite_output_dir to write it again, or choose "
-            "another output_dir"
+            f"{path} already exists (perhaps edited); move it away, pass --overwrite_output_dir to write it again "
+            "(fold runs are trained again too), or choose another output_dir"
         )
 
 

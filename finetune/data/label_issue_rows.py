@@ -62,9 +62,11 @@ def read_listed_rows(path: Path) -> dict[int, str]:
     return listed
 
 
-def drop_listed_rows(train: datasets.Dataset, path: Path) -> tuple[datasets.Dataset, list[int]]:
-    """``train`` without the reviews ``path`` lists, and their row ids (sorted); refused if any is not this data's."""
-    listed = read_listed_rows(path)
+def drop_listed_rows(train: datasets.Dataset, listed: dict[int, str], path: str) -> tuple[datasets.Dataset, list[int]]:
+    """``train`` without the ``listed`` reviews (row id: text digest, read from ``path``), and their row ids, sorted.
+
+    Refused where a row id is not in ``train`` or its review's digest is not the listed one.
+    """
     beyond = sorted(row_id for row_id in listed if row_id >= len(train))
     if beyond:
         raise FinetuneError(

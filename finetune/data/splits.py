@@ -28,7 +28,7 @@ from ..errors import FinetuneError
 from .cleaning import clean_texts, join_title
 from .columns import column_values
 from .encoding import ReviewEncoding, encode_reviews
-from .label_issue_rows import drop_listed_rows
+from .label_issue_rows import drop_listed_rows, read_listed_rows
 from .sources import ROWS_WORTH_A_BAR, RawSplits, progress_bars, read_files, read_sources
 from .tags import holds_lists, is_multi_label, review_tags, tag_counts, tag_features, tag_names
 
@@ -66,6 +66,7 @@ class DataReport:
     extra_train_reviews: int = 0  # training reviews read from extra_train_file
     # The row ids drop_label_issues left out of the train split (label_issue_rows.py says what a row id is).
     label_issues_dropped: list[int] = field(default_factory=list)
+    label_issues_dropped_sha256: list[str] = field(default_factory=list)  # each one's text digest, in that order
 
     def count_truncated(self, truncated: dict[str, int], encoding: ReviewEncoding) -> None:
         """Record how many reviews of each split were longer than ``max_length`` and how they were cut."""
@@ -120,10 +121,11 @@ def drawing_seed(split_seed: int | None, seed: int) -> int:
     return seed if split_seed is None else split_seed
 
 
-def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
+def load_review_data(data_args: DataArguments, seed: int = 42, listed_rows: dict[int, str] | None = None) -> ReviewData:
     """Read the recipe's source, map columns to text and class ids, drop bad rows, split off what is missing.
 
     ``seed`` draws the subsets, held-out splits and folds, unless the recipe fixes ``split_seed``.
+    ``listed_rows`` (row id: text digest) stands for the ``drop_label_issues`` file: a run's own record of it.
     """
     seed = drawing_seed(data_args.split_seed, seed)
     raw = read_sources(data_args)
@@ -146,9 +148,7 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
         splits = _hold_out(splits, "test", held_out, label_names, seed, stratify=not multi_label)
     if data_args.drop_label_issues:
         # Row ids count the train split as cross-validation would divide it: after the test split, before the rest.
-        splits["train"], report.label_issues_dropped = drop_listed_rows(
-            splits["train"], Path(data_args.drop_label_issues)
-        )
+        splits["train"] = _without_listed_rows(splits["train"], data_args.drop_label_issues, report, listed_rows)
     if data_args.cross_validation_folds is not None:
         # After the test split is drawn, so cross-validation never sees a review a normal run tests on.
         splits = _cross_validation_split(
@@ -174,6 +174,16 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
     _count_rows(report, splits, label_names, multi_label)
     _refuse_absent_classes(report.class_counts["train"], raw.origins["train"])
     return ReviewData(splits, label_names, report, multi_label)
+
+
+def _without_listed_rows(
+    train: datasets.Dataset, path: str, report: DataReport, listed_rows: dict[int, str] | None
+) -> datasets.Dataset:
+    """``train`` without the reviews the drop_label_issues file (or ``listed_rows``) lists; recorded in ``report``."""
+    listed = read_listed_rows(Path(path)) if listed_rows is None else listed_rows
+    kept, report.label_issues_dropped = drop_listed_rows(train, listed, path)
+    report.label_issues_dropped_sha256 = [listed[row_id] for row_id in report.label_issues_dropped]
+    return kept
 
 
 def _count_rows(report: DataReport, splits: datasets.DatasetDict, label_names: list[str], multi_label: bool) -> None:
