@@ -98,10 +98,14 @@ def _summary(
 def _printed(summary: dict[str, Any], rows: list[dict]) -> str:
     """The worst reviews and the count per (given, suggested) pair, as markdown tables."""
     share = summary["flagged"] / summary["train_reviews"]
-    lines = [
+    found = (
         f"{summary['flagged']} of {summary['train_reviews']} training reviews ({share:.1%}) flagged as likely "
-        f"label errors ({summary['probabilities_from'].replace('_', ' ')}, {summary['folds']} folds); "
-        f"the worst {min(SHOWN, len(rows))}:",
+        f"label errors ({summary['probabilities_from'].replace('_', ' ')}, {summary['folds']} folds)"
+    )
+    if not rows:
+        return found
+    lines = [
+        f"{found}; the worst {min(SHOWN, len(rows))}:",
         "",
         "| row_id | quality | given | suggested | text |",
         "| --- | --- | --- | --- | --- |",
