@@ -285,3 +285,27 @@ def test_a_list_from_another_dataset_is_refused(tfidf_look, tmp_path, tiny_model
         "on this recipe"
     )
     assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("row_id,text\n3,a review\n", "has no text_sha256 column; pass a label_issues.csv written by finetune "),
+        ("row_id,text_sha256\nthree,0123456789abcdef\n", "line 2: row_id 'three' is not a whole number >= 0; "),
+    ],
+    ids=["no digest column", "a row id that is no number"],
+)
+def test_a_list_that_is_no_label_issues_csv_is_refused(tmp_path, tiny_model_dir, capsys, content, problem):
+    listed_path = tmp_path / "issues.csv"
+    listed_path.write_text(content, encoding="utf-8")
+    recipe = write_recipe(tmp_path, tiny_model_dir, noisy_reviews()[0], drop_label_issues=str(listed_path))
+    line = run_cli(["train", recipe], capsys)
+    assert line.startswith(f"error: {listed_path} {problem}")
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_a_missing_list_is_refused(tmp_path, tiny_model_dir, capsys):
+    listed_path = tmp_path / "gone.csv"
+    recipe = write_recipe(tmp_path, tiny_model_dir, noisy_reviews()[0], drop_label_issues=str(listed_path))
+    line = run_cli(["train", recipe], capsys)
+    assert line == f"error: drop_label_issues not found: {listed_path}; check the path, or leave out drop_label_issues"
