@@ -309,3 +309,16 @@ def test_a_missing_list_is_refused(tmp_path, tiny_model_dir, capsys):
     recipe = write_recipe(tmp_path, tiny_model_dir, noisy_reviews()[0], drop_label_issues=str(listed_path))
     line = run_cli(["train", recipe], capsys)
     assert line == f"error: drop_label_issues not found: {listed_path}; check the path, or leave out drop_label_issues"
+
+
+def test_the_folds_of_an_earlier_train_folds_are_reused(tmp_path, tiny_model_dir, capsys):
+    table, _ = noisy_reviews(seed=2, reviews_per_class=8)
+    recipe = write_recipe(tmp_path, tiny_model_dir, table)
+    assert main(["train", str(recipe), "--folds", "2"]) == 0
+    weights = {fold: (tmp_path / "run" / f"fold-{fold}" / "model.safetensors").read_bytes() for fold in (0, 1)}
+    capsys.readouterr()
+    assert main(["find-label-issues", str(recipe), "--folds", "2", "--resume_from_checkpoint", "auto"]) == 0
+    said = capsys.readouterr().err
+    assert said.count("finished before in") == 2, said
+    assert {fold: (tmp_path / "run" / f"fold-{fold}" / "model.safetensors").read_bytes() for fold in (0, 1)} == weights
+    assert (tmp_path / "run" / "label_issues" / "oof_probabilities.npy").is_file()
