@@ -14,6 +14,7 @@ in its ``COMMANDS``; the parser and ``--help`` are generated from them
 | ``check RECIPE DATASET [--seeds N] [--teacher RUN] [--field value ...]`` | :func:`finetune.commands.check.check` |
 | ``evaluate PATH [PATH ...] [--data FILE] [--calibrate]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
+| ``find-label-issues RECIPE [--folds K] [--baseline_only]`` | :mod:`finetune.commands.find_label_issues` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE] [--explain]`` | :func:`finetune.commands.predict.predict` |
 | ``export MODEL --int8 [--output DIR] [--backend B] [--fp32_fallback M]`` | :func:`finetune.commands.export.export` |
@@ -79,7 +80,7 @@ def _run_command(argv: list[str]) -> int:
     try:
         namespace, extra = build_cli().parse_known_args(argv)
         command, options = options_from(namespace)
-        # train, distill, check, bench, baseline and tune pass unknown flags on as recipe overrides.
+        # train, distill, check, bench, baseline, find-label-issues and tune pass unknown flags on as recipe overrides.
         if not command.takes_recipe_fields and extra:
             subcommand = getattr(namespace, f"{namespace.command}_command", None)  # data / model list or fetch
             words = " ".join(filter(None, (namespace.command, subcommand)))

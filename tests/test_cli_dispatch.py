@@ -138,6 +138,16 @@ CASES = [
         {"recipe": "r.yaml", "overrides": ["--max_train_samples", "9"], "output": "b.json"},
     ),
     (
+        "find-label-issues r.yaml",
+        "find_label_issues:find_label_issues",
+        {"recipe": "r.yaml", "overrides": [], "folds": 5, "baseline_only": False},
+    ),
+    (
+        "find-label-issues r.yaml --folds 3 --baseline_only --seed 7",
+        "find_label_issues:find_label_issues",
+        {"recipe": "r.yaml", "overrides": ["--seed", "7"], "folds": 3, "baseline_only": True},
+    ),
+    (
         "predict m",
         "predict:predict",
         {

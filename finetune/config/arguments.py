@@ -105,6 +105,16 @@ class DataArguments:
             )
         },
     )
+    drop_label_issues: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "A label_issues.csv from 'finetune find-label-issues' (edited down to the rows you agree with): "
+                "its reviews are left out of the train split before validation and folds are drawn; each row's "
+                "text digest must match this recipe's review of that row id."
+            )
+        },
+    )
     text_column: str = field(default="text", metadata={"help": "Column holding the review text."})
     title_column: str | None = field(
         default=None, metadata={"help": "Optional column holding a review title, joined before the text."}

@@ -60,7 +60,7 @@ def read_sources(data_args: DataArguments) -> RawSplits:
 
 
 def local_data_files(data_args: DataArguments) -> dict[str, Path]:
-    """The files on this machine that ``read_sources`` (and ``extra_train_file``) reads and nothing checks, by split.
+    """The local files ``read_sources`` reads (and ``extra_train_file``, ``drop_label_issues``), by split.
 
     Local files, and the project's own catalog sets (``data/reviews``); a PyPI
     set is checked against its catalog checksums when fetched, and a Hub set
@@ -69,6 +69,8 @@ def local_data_files(data_args: DataArguments) -> dict[str, Path]:
     files = _source_files(data_args)
     if data_args.extra_train_file and Path(data_args.extra_train_file).is_file():  # a missing one: read_sources says
         files["extra_train"] = Path(data_args.extra_train_file)
+    if data_args.drop_label_issues and Path(data_args.drop_label_issues).is_file():
+        files["drop_label_issues"] = Path(data_args.drop_label_issues)
     return files
 
 

@@ -28,6 +28,7 @@ from ..errors import FinetuneError
 from .cleaning import clean_texts, join_title
 from .columns import column_values
 from .encoding import ReviewEncoding, encode_reviews
+from .label_issue_rows import drop_listed_rows, read_listed_rows
 from .sources import ROWS_WORTH_A_BAR, RawSplits, progress_bars, read_files, read_sources
 from .tags import holds_lists, is_multi_label, review_tags, tag_counts, tag_features, tag_names
 
@@ -63,6 +64,9 @@ class DataReport:
     truncation_side: str | None = None
     title_reviews: int = 0  # training titles added as short reviews (title_as_review)
     extra_train_reviews: int = 0  # training reviews read from extra_train_file
+    # The row ids drop_label_issues left out of the train split (label_issue_rows.py says what a row id is).
+    label_issues_dropped: list[int] = field(default_factory=list)
+    label_issues_dropped_sha256: list[str] = field(default_factory=list)  # each one's text digest, in that order
 
     def count_truncated(self, truncated: dict[str, int], encoding: ReviewEncoding) -> None:
         """Record how many reviews of each split were longer than ``max_length`` and how they were cut."""
@@ -83,6 +87,8 @@ class DataReport:
                 f"  {split}: read {count} rows, dropped {sum(dropped.values())}" + (f" ({detail})" if detail else "")
             )
         lines.append("  rows: " + ", ".join(f"{split} {count}" for split, count in self.rows.items()))
+        if self.label_issues_dropped:
+            lines.append(f"  train leaves out {len(self.label_issues_dropped)} reviews listed in drop_label_issues")
         if self.extra_train_reviews:
             lines.append(f"  train includes {self.extra_train_reviews} reviews from extra_train_file")
         if self.title_reviews:
@@ -115,10 +121,11 @@ def drawing_seed(split_seed: int | None, seed: int) -> int:
     return seed if split_seed is None else split_seed
 
 
-def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
+def load_review_data(data_args: DataArguments, seed: int = 42, listed_rows: dict[int, str] | None = None) -> ReviewData:
     """Read the recipe's source, map columns to text and class ids, drop bad rows, split off what is missing.
 
     ``seed`` draws the subsets, held-out splits and folds, unless the recipe fixes ``split_seed``.
+    ``listed_rows`` (row id: text digest) stands for the ``drop_label_issues`` file: a run's own record of it.
     """
     seed = drawing_seed(data_args.split_seed, seed)
     raw = read_sources(data_args)
@@ -139,6 +146,9 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
     if "test" not in splits and data_args.test_split_percentage:
         held_out = round(source_train_rows * data_args.test_split_percentage / 100)
         splits = _hold_out(splits, "test", held_out, label_names, seed, stratify=not multi_label)
+    if data_args.drop_label_issues:
+        # Row ids count the train split as cross-validation would divide it: after the test split, before the rest.
+        splits["train"] = _without_listed_rows(splits["train"], data_args.drop_label_issues, report, listed_rows)
     if data_args.cross_validation_folds is not None:
         # After the test split is drawn, so cross-validation never sees a review a normal run tests on.
         splits = _cross_validation_split(
@@ -161,16 +171,30 @@ def load_review_data(data_args: DataArguments, seed: int = 42) -> ReviewData:
         # Last, so that only training reviews lend their titles: no held-out review's title trains.
         splits["train"], report.title_reviews = _with_titles_as_reviews(splits["train"])
     splits = splits.remove_columns("title")
+    _count_rows(report, splits, label_names, multi_label)
+    _refuse_absent_classes(report.class_counts["train"], raw.origins["train"])
+    return ReviewData(splits, label_names, report, multi_label)
+
+
+def _without_listed_rows(
+    train: datasets.Dataset, path: str, report: DataReport, listed_rows: dict[int, str] | None
+) -> datasets.Dataset:
+    """``train`` without the reviews the drop_label_issues file (or ``listed_rows``) lists; recorded in ``report``."""
+    listed = read_listed_rows(Path(path)) if listed_rows is None else listed_rows
+    kept, report.label_issues_dropped = drop_listed_rows(train, listed, path)
+    report.label_issues_dropped_sha256 = [listed[row_id] for row_id in report.label_issues_dropped]
+    return kept
+
+
+def _count_rows(report: DataReport, splits: datasets.DatasetDict, label_names: list[str], multi_label: bool) -> None:
+    """Record each split's rows and its reviews per class (with tags, per tag: a review may count for several)."""
     report.rows = {split: len(rows) for split, rows in splits.items()}
-    # With tags, each tag's reviews (a review may count for several).
     count = (
         (lambda rows: tag_counts(column_values(rows, "labels"), len(label_names)))
         if multi_label
         else (lambda rows: _class_counts(rows, len(label_names)))
     )
     report.class_counts = {split: dict(zip(label_names, count(rows))) for split, rows in splits.items()}
-    _refuse_absent_classes(report.class_counts["train"], raw.origins["train"])
-    return ReviewData(splits, label_names, report, multi_label)
 
 
 def _labels_of(tables: dict[str, datasets.Dataset], raw: RawSplits, data_args: DataArguments) -> tuple[bool, list[str]]:
@@ -673,26 +697,37 @@ def _cross_validation_split(
     source's, or one already drawn from train) is set aside: choosing a recipe
     on it would make its score a biased estimate.
     """
+    train = splits["train"]
+    labels = column_values(train, "labels") if stratify else [0] * len(train)
+    train_rows, held_out_rows = fold_rows(labels, folds, num_classes, seed, stratify)[fold]
+    kept = {name: rows for name, rows in splits.items() if name not in ("train", "test")}
+    return datasets.DatasetDict(
+        {"train": train.select(sorted(train_rows)), **kept, "test": train.select(sorted(held_out_rows))}
+    )
+
+
+def fold_rows(
+    labels: list[int], folds: int, num_classes: int, seed: int, stratify: bool = True
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each fold's (training rows, held-out rows) of a train split with these class ids, as ``--folds`` draws them.
+
+    scikit-learn's ``StratifiedKFold`` shuffled with ``seed`` where every class can give each fold a review,
+    else ``KFold``; tags (several per review, ``stratify`` False) are not stratified.
+    """
     from sklearn.model_selection import KFold, StratifiedKFold
 
-    train = splits["train"]
-    if len(train) < folds:
+    if len(labels) < folds:
         raise FinetuneError(
-            f"cannot split {len(train)} training reviews into {folds} folds; pass --folds {len(train)} or fewer"
+            f"cannot split {len(labels)} training reviews into {folds} folds; pass --folds {len(labels)} or fewer"
         )
-    # Stratified when every class can give each fold a review (tags, several per review, are not stratified).
-    labels = column_values(train, "labels") if stratify else [0] * len(train)
+    labels = labels if stratify else [0] * len(labels)
     smallest_class = min(_label_counts(labels, num_classes)) if stratify else 0
     splitter = (
         StratifiedKFold(folds, shuffle=True, random_state=seed)
         if smallest_class >= folds
         else KFold(folds, shuffle=True, random_state=seed)
     )
-    train_rows, held_out_rows = list(splitter.split(labels, labels))[fold]
-    kept = {name: rows for name, rows in splits.items() if name not in ("train", "test")}
-    return datasets.DatasetDict(
-        {"train": train.select(sorted(train_rows)), **kept, "test": train.select(sorted(held_out_rows))}
-    )
+    return list(splitter.split(labels, labels))
 
 
 def _hold_out(

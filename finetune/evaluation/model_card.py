@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from ..config.output_files import write_output_text
+from ..data.label_issue_rows import DROPPED_LABEL_ISSUES
 from ..errors import FinetuneError
 from ..fetching.catalog import CATALOG, CatalogEntry
 from ..fetching.dataset import dataset_folder
@@ -152,6 +153,12 @@ def _training_data(run: dict[str, Any], entry: CatalogEntry | None) -> list[str]
         bins = ", ".join(f"{name} = {_rating_range(bounds)}" for name, bounds in data["label_bins"].items())
         lines.append(f"- classes from ratings: {bins}")
     lines.append(f"- reviews cut at {data['max_length']} tokens (keeping the {_kept_end(data)})")
+    if report.get("label_issues_dropped"):
+        lines.append(
+            f"- left out of training: {len(report['label_issues_dropped'])} reviews listed as likely label errors "
+            f"in `{data.get('drop_label_issues')}` (copied to `{DROPPED_LABEL_ISSUES}`; their row ids are in "
+            "`finetune_run.json`)"
+        )
     lines.append("")
 
     counts = report.get("class_counts") or {}

@@ -90,6 +90,7 @@ def record_run_start(trainer: Any, request: RunRequest, run: Recipe, inputs: Run
     run's checkpoints and its finetune_run.json as they were.
     """
     from ..config.output_files import write_output_text
+    from ..data.label_issue_rows import DROPPED_LABEL_ISSUES
     from ..training.runs import clear_earlier_run, save_run_config
     from .own_reviews import recipe_text
 
@@ -110,6 +111,12 @@ def record_run_start(trainer: Any, request: RunRequest, run: Recipe, inputs: Run
         class_names=inputs.data.label_names,
         extra=distillation.record(args.distill_alpha, args.distill_temperature) if distillation else None,
     )
+    dropped_list = Path(args.output_dir, DROPPED_LABEL_ISSUES)
+    if inputs.data.report.label_issues_dropped:
+        # The list the run trained without, as it was: the user's file may be edited or deleted later.
+        write_output_text(dropped_list, Path(run.data.drop_label_issues).read_text(encoding="utf-8"))
+    else:
+        dropped_list.unlink(missing_ok=True)  # an earlier run's, which this one did not train without
 
 
 class _OnTrainBegin(TrainerCallback):

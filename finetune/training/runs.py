@@ -336,7 +336,14 @@ def data_fields_on_record(data: Any) -> dict[str, Any]:
     ``finetune evaluate`` may run from another folder than training did.
     """
     data_fields = asdict(data)
-    for key in ("dataset_dir", "train_file", "validation_file", "test_file", "extra_train_file"):
+    for key in (
+        "dataset_dir",
+        "train_file",
+        "validation_file",
+        "test_file",
+        "extra_train_file",
+        "drop_label_issues",
+    ):
         if data_fields.get(key):
             data_fields[key] = str(Path(data_fields[key]).resolve())
     return data_fields
@@ -456,7 +463,12 @@ def load_run_data(run_config: dict[str, Any], data_args: Any = None) -> Any:
     from ..data.splits import load_review_data
 
     data_args = data_args or DataArguments(**run_config["data"])
-    return load_review_data(data_args, seed=run_config.get("seed", 42))
+    report = run_config.get("data_report") or {}
+    listed_rows = None
+    if data_args.drop_label_issues and "label_issues_dropped_sha256" in report:
+        # The rows the run left out, as it recorded them: the user's list may since be edited, rewritten or gone.
+        listed_rows = dict(zip(report["label_issues_dropped"], report["label_issues_dropped_sha256"]))
+    return load_review_data(data_args, seed=run_config.get("seed", 42), listed_rows=listed_rows)
 
 
 def require_model_folder(path: Path) -> None:

@@ -6,7 +6,20 @@ A new subcommand is one module here (its options dataclass, its ``run`` and its
 
 from __future__ import annotations
 
-from . import baseline, bench, catalogs, check, distill, evaluate, export, predict, serve, train, tune
+from . import (
+    baseline,
+    bench,
+    catalogs,
+    check,
+    distill,
+    evaluate,
+    export,
+    find_label_issues,
+    predict,
+    serve,
+    train,
+    tune,
+)
 from .fields import Command
 
 # In the order ``finetune --help`` lists them.
@@ -16,6 +29,7 @@ COMMANDS: tuple[Command, ...] = (
     check.COMMAND,
     evaluate.COMMAND,
     baseline.COMMAND,
+    find_label_issues.COMMAND,
     tune.COMMAND,
     predict.COMMAND,
     export.COMMAND,
