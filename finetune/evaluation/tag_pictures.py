@@ -52,7 +52,7 @@ def plot_tag_f1(
     axes.set_xlim(0, 1.02)
     axes.set_xlabel("F1 (0 to 1), bars: 95% bootstrap interval over reviews")
     axes.grid(alpha=0.3, axis="x")
-    axes.legend(loc="lower left", fontsize=9)
+    axes.legend(loc="best", fontsize=9)
     axes.set_title(f"Scores per tag\n{title}", fontsize=11)
     save_figure(figure, path)
 
