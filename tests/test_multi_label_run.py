@@ -123,6 +123,7 @@ def test_the_run_says_its_tags_and_the_baseline_beside_them(tag_run):
     assert set(metrics["vs_baseline"]) >= {"micro_f1", "macro_f1"}
     card = (tag_run / "README.md").read_text()
     assert "micro-F1" in card and "| tag | threshold |" in card and "one-vs-rest" in card
+    assert "any of 3 tags: `delivery`, `price`, `size`." in card and "top_k=None)" in card
 
 
 def independent_probabilities(run: Path, texts: list[str]) -> np.ndarray:

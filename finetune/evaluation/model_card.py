@@ -49,14 +49,17 @@ def write_model_card(output_dir: str | Path) -> Path:
     label_names = [config["id2label"][str(index)] for index in range(len(config["id2label"]))] if config else []
     entry = catalog_entry(run["data"])
 
+    tags = config.get("problem_type") == "multi_label_classification"
+    named = ", ".join(f"`{name}`" for name in label_names)
+    task = f"give customer reviews any of {len(label_names)} tags" if tags else "sort customer reviews into"
     body = [
         f"# {folder.resolve().name}",
         "",
-        f"`{_base_model(run)}` fine-tuned with the `finetune` project to sort customer "
-        f"reviews into {len(label_names)} classes: {', '.join(f'`{name}`' for name in label_names)}.",
+        f"`{_base_model(run)}` fine-tuned with the `finetune` project to {task}"
+        + (f": {named}." if tags else f" {len(label_names)} classes: {named}."),
         "",
-        *_usage(output_dir),
-        *_training_data(run, entry),
+        *_usage(output_dir, tags),
+        *_training_data(run, entry, tags),
         *_reproduce(run),
         *_training(run, metrics),
         *_results(test, metrics.get("baseline")),
@@ -126,19 +129,24 @@ def _dataset_id(data: dict[str, Any], entry: CatalogEntry | None) -> str:
 # --------------------------------------------------------------------- body
 
 
-def _usage(output_dir: str | Path) -> list[str]:
-    return [
+def _usage(output_dir: str | Path, tags: bool = False) -> list[str]:
+    # Several tags: every tag's sigmoid (top_k=None), each read at its own threshold from tag_thresholds.json.
+    reading = ", top_k=None" if tags else ""
+    lines = [
         "```python",
         "from transformers import pipeline",
         "",
-        f'classify = pipeline("text-classification", model="{output_dir}")',
+        f'classify = pipeline("text-classification", model="{output_dir}"{reading})',
         'classify(["Stopped working after a week."])',
         "```",
         "",
     ]
+    if tags:
+        lines += ["A tag is given where its score reaches its threshold in `tag_thresholds.json`.", ""]
+    return lines
 
 
-def _training_data(run: dict[str, Any], entry: CatalogEntry | None) -> list[str]:
+def _training_data(run: dict[str, Any], entry: CatalogEntry | None, tags: bool = False) -> list[str]:
     report = run.get("data_report") or {}
     lines = ["## Trained from and on", "", f"- base model: `{_base_model(run)}`"]
     lines.append(f"- data: {report.get('source') or _dataset_id(run['data'], entry)}")
@@ -179,7 +187,9 @@ def _training_data(run: dict[str, Any], entry: CatalogEntry | None) -> list[str]
             )
         lines.append("")
         if any(split not in report.get("rows_read", {}) for split in counts):
-            lines += ["A split with no rows read (-) was held out from train, stratified and seeded.", ""]
+            # Tags are drawn at random: a review with several tags has no one class to stratify by.
+            how = "at random" if tags else "stratified"
+            lines += [f"A split with no rows read (-) was held out from train, {how} and seeded.", ""]
     return lines
 
 
