@@ -123,7 +123,7 @@ def _compared(
 def _models_to_score(paths: list[str], calibrate: bool) -> list[Path]:
     """The model folders to score: the runs named, or one run's checkpoints and final model; each checked."""
     from ..evaluation.inference import require_inference_folder
-    from ..training.model_check import check_model_config
+    from ..training.model_check import check_model_config, refuse_rating_model
     from ..training.runs import checkpoints, refuse_while_training
 
     for given in paths:
@@ -147,6 +147,7 @@ def _models_to_score(paths: list[str], calibrate: bool) -> list[Path]:
             models.append(folder)
     for model_dir in models:
         require_inference_folder(model_dir)
+        refuse_rating_model(model_dir, "finetune evaluate reads")
         # The weights are checked as each model loads to be scored; its classes before they are compared.
         check_model_config(model_dir)
     return models
