@@ -253,3 +253,18 @@ def test_ordinal_with_two_star_levels_is_refused(tmp_path, tiny_model_dir, capsy
     write_csv(tmp_path / "train.csv", [row for row in rated_reviews(80, 1) if row["stars"] in (1, 5)])
     message = run_cli(["train", recipe], capsys)
     assert "needs at least 3 rating levels, and the training reviews have 2 (1, 5); use task: single_label" in message
+
+
+def test_a_classifier_of_star_classes_is_read_as_stars_too(tmp_path, tiny_model_dir):
+    """single_label on 1-5 star classes: the same ordered scores, so the three tasks compare on one split."""
+    bins = "1=1,2=2,3=3,4=4,5=5"
+    recipe = rating_recipe(tmp_path, tiny_model_dir, label_bins=bins, metric_for_best_model="macro_f1")
+    assert main(["train", str(recipe), "--greater_is_better", "true", "--num_train_epochs", "2"]) == 0
+    run = tmp_path / "run"
+    texts, truth = test_rows(run)
+    stars = independent_logits(run, texts).argmax(axis=1) + 1
+    ordered = read_json(run / "test_report.json")["ordered"]
+    assert ordered["mae"] == pytest.approx(mean_absolute_error(truth, stars), abs=1e-9)
+    kappa = cohen_kappa_score(truth.astype(int), stars, labels=[1, 2, 3, 4, 5], weights="quadratic")
+    assert ordered["quadratic_weighted_kappa"] == pytest.approx(kappa, abs=1e-9)
+    assert "Read as stars: MAE" in (run / "README.md").read_text(encoding="utf-8")

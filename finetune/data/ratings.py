@@ -75,6 +75,19 @@ def rating_levels(
     return names
 
 
+def star_levels(class_names: Sequence[str]) -> list[float] | None:
+    """The classes as ratings when they read as a star column (3 or more numbers, not class ids 0..K-1); else None.
+
+    A classifier trained on such classes is scored as the ratings tasks are too, so the three compare.
+    """
+    try:
+        levels = [float(name) for name in class_names]
+    except ValueError:
+        return None
+    ids = [float(index) for index in range(len(class_names))]
+    return levels if len(levels) >= MIN_ORDINAL_LEVELS and levels != ids else None
+
+
 def check_level_count(names: Sequence[str], origin: str, task: str) -> None:
     """Refuse a ratings run with too few levels: regression needs 2, ordinal 3 (two are a yes/no classifier)."""
     needed = MIN_ORDINAL_LEVELS if task == ORDINAL else 2

@@ -238,6 +238,7 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
         *_headline(test),
         "",
         *_interval_note(test),
+        *_read_as_stars(test),
         *_against_baseline(test, baseline),
         f"| {'tag' if 'micro_f1' in test else 'level' if 'mae' in test else 'class'} | precision | recall | F1 | "
         "F1 95% interval | test reviews |",
@@ -281,6 +282,20 @@ def _headline(test: dict[str, Any]) -> list[str]:
         f"{test['num_samples']} test reviews, several tags each: micro-F1 **{test['micro_f1']:.3f}**"
         f"{_interval(test, 'micro_f1')}, {scores}, subset accuracy (every tag right) "
         f"**{test['accuracy']:.3f}**{_interval(test, 'accuracy')}, Hamming loss {test['hamming_loss']:.3f}."
+    ]
+
+
+def _read_as_stars(test: dict[str, Any]) -> list[str]:
+    """A classifier of star classes read as the ratings tasks are, so the three compare on one split."""
+    ordered = test.get("ordered")
+    if not ordered:
+        return []
+    return [
+        f"Read as stars: MAE {ordered['mae']:.3f}{_interval(ordered, 'mae')}, off-by-one accuracy "
+        f"{ordered['off_by_one_accuracy']:.3f}{_interval(ordered, 'off_by_one_accuracy')}, quadratic weighted "
+        f"kappa {ordered['quadratic_weighted_kappa']:.3f}{_interval(ordered, 'quadratic_weighted_kappa')} "
+        "(as `task: regression` and `task: ordinal` runs are scored).",
+        "",
     ]
 
 

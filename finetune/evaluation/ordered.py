@@ -122,6 +122,16 @@ def ordered_report(
     return report
 
 
+def ordered_reading(
+    predicted_levels: Any, true_levels: Any, level_names: Sequence[str], levels: Sequence[float]
+) -> dict[str, Any]:
+    """A classifier's predictions on star classes read as stars: the six scores and their intervals."""
+    ratings = np.asarray(levels, dtype=np.float64)
+    true_levels, predicted_levels = np.asarray(true_levels), np.asarray(predicted_levels)
+    args = (ratings[true_levels], ratings[predicted_levels], true_levels, predicted_levels, len(level_names))
+    return {**ordered_scores(*args), "intervals": ordered_intervals(*args)}
+
+
 def build_rating_metrics(task: str, scale: RatingScale) -> Callable[[Any], dict[str, float]]:
     """A ``compute_metrics`` for ``Trainer`` in a ratings run: outputs decoded to stars, then the six scores.
 

@@ -16,9 +16,11 @@ if TYPE_CHECKING:
 
 def score_test(trainer: Any, inputs: RunInputs) -> dict[str, Any] | None:
     """The test split's report with bootstrap intervals, saved as ``test_report.json``; None without a test split."""
+    from ..data.ratings import star_levels
     from ..evaluation.bootstrap import score_intervals
     from ..evaluation.inference import predict_probabilities
     from ..evaluation.metrics import classification_report
+    from ..evaluation.ordered import ordered_reading
 
     if "test" not in inputs.encoded:
         return None
@@ -42,6 +44,10 @@ def score_test(trainer: Any, inputs: RunInputs) -> dict[str, Any] | None:
         predicted, references = prediction.predictions.argmax(-1), prediction.label_ids
     report = classification_report(predicted, references, label_names)
     report["intervals"] = score_intervals(predicted, references, label_names)
+    stars = star_levels(label_names)
+    if stars is not None:
+        # Classes that are stars: their ordered scores too, so a classifier compares with the ratings tasks.
+        report["ordered"] = ordered_reading(predicted, references, label_names, stars)
     trainer.save_metrics("test", {"test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"]})
     if trainer.is_world_process_zero():
         write_output_text(Path(args.output_dir, "test_report.json"), json.dumps(report, indent=2) + "\n")
