@@ -268,3 +268,45 @@ def test_a_classifier_of_star_classes_is_read_as_stars_too(tmp_path, tiny_model_
     kappa = cohen_kappa_score(truth.astype(int), stars, labels=[1, 2, 3, 4, 5], weights="quadratic")
     assert ordered["quadratic_weighted_kappa"] == pytest.approx(kappa, abs=1e-9)
     assert "Read as stars: MAE" in (run / "README.md").read_text(encoding="utf-8")
+
+
+def test_evaluate_scores_every_checkpoint_in_stars_and_marks_the_lowest_mae(ordinal_run, capsys):
+    assert main(["evaluate", str(ordinal_run), "--resamples", "200"]) == 0
+    assert "| model | step | MAE [95% interval] |" in capsys.readouterr().out
+    reports = read_json(ordinal_run / "evaluation_test.json")
+    models, ridge = reports[:-1], reports[-1]
+    assert [Path(report["model"]).name for report in models][-1] == "run" and len(models) == 7  # 6 epochs + final
+    best = next(report for report in models if report["best"])
+    assert best["mae"] == min(report["mae"] for report in models)
+    final = models[-1]
+    assert final["mae"] == pytest.approx(read_json(ordinal_run / "test_report.json")["mae"], abs=1e-9)
+    for report in [*models, ridge]:
+        if not report["best"] if "best" in report else True:
+            assert report["vs_best"]["mae_difference"] == pytest.approx(report["mae"] - best["mae"], abs=1e-9)
+    assert ridge["kind"] == "baseline" and ridge["mae"] == pytest.approx(
+        read_json(ordinal_run / "report" / "metrics.json")["baseline"]["scores"]["test"]["mae"], abs=1e-9
+    )
+
+
+def test_compare_tasks_trains_the_three_on_one_split_and_tables_them(tmp_path, tiny_model_dir, capsys):
+    recipe = rating_recipe(tmp_path, tiny_model_dir, num_train_epochs=2)
+    assert main(["compare-tasks", str(recipe)]) == 0
+    assert "| task | MAE | RMSE | off-by-one | QWK | accuracy | macro-F1 |" in capsys.readouterr().out
+    summary = read_json(tmp_path / "run" / "tasks.json")
+    assert list(summary["rows"]) == ["single_label", "regression", "ordinal", "TF-IDF ridge baseline"]
+    reports = {
+        task: read_json(tmp_path / "run" / task / "test_report.json")
+        for task in ("single_label", "regression", "ordinal")
+    }
+    assert summary["rows"]["single_label"]["mae"] == reports["single_label"]["ordered"]["mae"]
+    assert summary["rows"]["ordinal"]["mae"] == reports["ordinal"]["mae"]
+    # One split: the same test reviews, level by level, whichever the task.
+    assert len({tuple(report["support"]) for report in reports.values()}) == 1
+    # The classifier's best checkpoint was chosen by validation MAE too.
+    state = read_json(tmp_path / "run" / "single_label" / "trainer_state.json")
+    assert state["best_metric"] == min(entry["eval_mae"] for entry in state["log_history"] if "eval_mae" in entry)
+
+
+def test_compare_tasks_refuses_a_recipe_that_fixes_the_task(tmp_path, tiny_model_dir, capsys):
+    message = run_cli(["compare-tasks", rating_recipe(tmp_path, tiny_model_dir, task="ordinal")], capsys)
+    assert "compare-tasks sets the task and reads the stars as numbers itself, and the recipe sets task" in message

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config.output_files import write_output_text
+from ..config.tasks import ORDERED_TASKS
 from ..data.columns import column_values
 from ..data.encoding import ReviewEncoding
 from ..errors import FinetuneError
+from ..evaluation.rating_checkpoints import evaluate_ratings, holds_ratings, rating_level_names
 
 
 def evaluate(
@@ -29,20 +31,18 @@ def evaluate(
 ) -> list[dict[str, Any]]:
     """Score ``path`` (a model folder or a run folder) and print a table; returns one report per model.
 
-    Every score comes with a 95% percentile bootstrap interval (``resamples``
-    resamples of the reviews, ``seed``), and every model but the best with a
-    paired test against the best on the same resamples; the best model's
-    largest losses go to ``errors_<split>.csv`` and its calibration (ECE) to a
-    reliability diagram; with ``explain`` (the default) each listed mistake
-    gets the words behind its wrong label (a second or two a mistake on a CPU).
-    With ``calibrate``, a temperature fitted on the run's
-    validation split is folded into the folder's own model (see
-    :func:`calibrate_model`). The errors file's cells that a spreadsheet would run
-    as a formula are written after a ``'``, and a ``data`` CSV loses that ``'``
-    on reading (:mod:`finetune.config.csv_cells`), unless ``raw_csv``.
+    Every score comes with a 95% percentile bootstrap interval (``resamples`` resamples of the reviews,
+    ``seed``), and every model but the best with a paired test against the best on the same resamples;
+    the best model's largest losses go to ``errors_<split>.csv`` and its calibration (ECE) to a reliability
+    diagram; with ``explain`` (the default) each listed mistake gets the words behind its wrong label.
+    With ``calibrate``, a temperature fitted on the run's validation split is
+    folded into the folder's own model (see :func:`calibrate_model`). The
+    errors file's cells that a spreadsheet would run as a formula are written
+    after a ``'``, and a ``data`` CSV loses that ``'`` on reading
+    (:mod:`finetune.config.csv_cells`), unless ``raw_csv``.
 
-    For a run folder every ``checkpoint-*`` is scored as well as the final
-    model, and the best by macro-F1 is marked. The data is the run's
+    For a run folder every ``checkpoint-*`` is scored as well as the final model,
+    and the best by macro-F1 (a ratings run: MAE) is marked. The data is the run's
     ``split`` (from its recipe) unless ``data`` names a file with the same columns.
     With ``baseline`` (and the run's train split at hand) the TF-IDF baseline,
     fit on that split, is scored on the same reviews and added as a last row.
@@ -52,6 +52,8 @@ def evaluate(
     data, one table and one picture, written to ``<first run>/comparison/``.
     """
     paths = [path] if isinstance(path, str) else list(path)
+    if holds_ratings(Path(paths[0])):  # in stars: evaluation/rating_checkpoints.py
+        return _evaluate_ratings(paths, data, split, batch_size, baseline, resamples, seed, calibrate)
     models = _models_to_score(paths, calibrate)
     label_names = _shared_label_names(models)
     # Checked before anything is scored or written: a refused calibration leaves the folder as it was.
@@ -74,6 +76,27 @@ def evaluate(
         written.append(calibrate_model(models[-1], calibration_data, batch_size, probabilities[-1], scoring.labels))
     _write_reports(folder, scored_on, reports, label_names, written)
     return reports
+
+
+def _evaluate_ratings(
+    paths: list[str],
+    data: str | None,
+    split: str,
+    batch_size: int,
+    baseline: bool,
+    resamples: int,
+    seed: int,
+    calibrate: bool,
+) -> list[dict[str, Any]]:
+    """A star-rating run: its models scored in stars (:mod:`.evaluate_ratings`), refused for what needs classes."""
+    if calibrate:
+        raise FinetuneError("--calibrate fits a softmax's temperature, and this run rates stars; drop --calibrate")
+    if len(paths) > 1:
+        raise FinetuneError("comparing ratings runs is not done yet; evaluate each run on its own")
+    models = _models_to_score(paths, calibrate, ratings=True)
+    scoring = load_labelled_texts(models[0], data, split, rating_level_names(models[0]))
+    scored_on = f"data-{Path(data).stem}" if data else split
+    return evaluate_ratings(models, scoring, scored_on, batch_size, baseline, resamples, seed)
 
 
 def _results_folder(paths: list[str]) -> Path:
@@ -120,7 +143,7 @@ def _compared(
     return reports, best
 
 
-def _models_to_score(paths: list[str], calibrate: bool) -> list[Path]:
+def _models_to_score(paths: list[str], calibrate: bool, ratings: bool = False) -> list[Path]:
     """The model folders to score: the runs named, or one run's checkpoints and final model; each checked."""
     from ..evaluation.inference import require_inference_folder
     from ..training.model_check import check_model_config, refuse_rating_model
@@ -147,7 +170,8 @@ def _models_to_score(paths: list[str], calibrate: bool) -> list[Path]:
             models.append(folder)
     for model_dir in models:
         require_inference_folder(model_dir)
-        refuse_rating_model(model_dir, "finetune evaluate reads")
+        if not ratings:
+            refuse_rating_model(model_dir, "finetune evaluate reads")
         # The weights are checked as each model loads to be scored; its classes before they are compared.
         check_model_config(model_dir)
     return models
@@ -403,7 +427,8 @@ def load_labelled_texts(
     if run_config is None and data is None:
         raise FinetuneError(f"{model_dir} has no {split} data on record; pass --data FILE with text and label columns")
     fields = dict(run_config["data"]) if run_config else {}
-    fields["class_names"] = label_names if not fields.get("label_bins") else None
+    if fields.get("task") not in ORDERED_TASKS:  # a ratings run reads its stars as numbers, not as classes
+        fields["class_names"] = label_names if not fields.get("label_bins") else None
     data_args = DataArguments(**fields)
     encoding = ReviewEncoding.from_fields(fields)
     if data is not None:

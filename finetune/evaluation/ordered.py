@@ -132,6 +132,49 @@ def ordered_reading(
     return {**ordered_scores(*args), "intervals": ordered_intervals(*args)}
 
 
+def paired_mae_difference(
+    best_errors: Any, other_errors: Any, resamples: int = RESAMPLES, seed: int = SEED, confidence: float = CONFIDENCE
+) -> dict[str, Any]:
+    """Other minus best MAE on the same seeded resamples of the same reviews (positive: the best is closer).
+
+    ``*_errors`` are each review's absolute error in stars. ``distinguishable`` is True only when the
+    interval of the difference excludes 0.
+    """
+    best, other = np.asarray(best_errors, dtype=np.float64), np.asarray(other_errors, dtype=np.float64)
+    differences = [
+        other[indices].mean(axis=1) - best[indices].mean(axis=1)
+        for indices in resample_indices(len(best), resamples, seed)
+    ]
+    low, high = percentile_interval(np.concatenate(differences), confidence)
+    return {
+        "method": "paired bootstrap",
+        "confidence": confidence,
+        "resamples": resamples,
+        "mae_difference": float(other.mean() - best.mean()),
+        "mae_interval": [low, high],
+        "distinguishable": bool(low > 0 or high < 0),
+    }
+
+
+def with_star_scores(
+    compute_metrics: Callable[[Any], dict[str, float]], levels: Sequence[float]
+) -> Callable[[Any], dict[str, float]]:
+    """A classifier's ``compute_metrics`` on star classes, plus the ordered scores of its argmax (``mae``, ...).
+
+    So ``metric_for_best_model: mae`` picks a classifier's checkpoint as it picks a ratings run's.
+    """
+    ratings = np.asarray(levels, dtype=np.float64)
+
+    def with_stars(eval_prediction: Any) -> dict[str, float]:
+        logits = eval_prediction.predictions
+        predicted = np.asarray(logits[0] if isinstance(logits, tuple) else logits).argmax(axis=-1)
+        truth = np.asarray(eval_prediction.label_ids, dtype=np.int64)
+        stars = ordered_scores(ratings[truth], ratings[predicted], truth, predicted, len(ratings))
+        return {**stars, **compute_metrics(eval_prediction)}
+
+    return with_stars
+
+
 def build_rating_metrics(task: str, scale: RatingScale) -> Callable[[Any], dict[str, float]]:
     """A ``compute_metrics`` for ``Trainer`` in a ratings run: outputs decoded to stars, then the six scores.
 

@@ -42,10 +42,11 @@ class RidgeRatings(TfidfBaseline):
 
         return Ridge(alpha=RIDGE_ALPHA)
 
-    def ratings_and_levels(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Each text's rating (clipped) and its nearest level's index."""
+    def ratings_and_levels(self, texts: Sequence[str], task: str) -> tuple[np.ndarray, np.ndarray]:
+        """Each text's rating (clipped; for ordinal, its level's) and its nearest level's index."""
         ratings = np.clip(self.pipeline.predict(list(texts)), self.levels.min(), self.levels.max())
-        return ratings, np.abs(ratings[:, None] - self.levels[None, :]).argmin(axis=1)
+        nearest = np.abs(ratings[:, None] - self.levels[None, :]).argmin(axis=1)
+        return (self.levels[nearest] if task == ORDINAL else ratings), nearest
 
 
 def run_rating_baseline(
@@ -66,9 +67,7 @@ def run_rating_baseline(
     fit_seconds = time.perf_counter() - started
     scores = {}
     for split, (texts, true_levels) in to_score.items():
-        predicted_ratings, predicted_levels = baseline.ratings_and_levels(texts)
-        if task == ORDINAL:
-            predicted_ratings = levels[predicted_levels]
+        predicted_ratings, predicted_levels = baseline.ratings_and_levels(texts, task)
         true_levels = np.asarray(true_levels)
         scores[split] = ordered_report(
             levels[true_levels], predicted_ratings, true_levels, predicted_levels, level_names, task

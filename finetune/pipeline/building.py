@@ -127,13 +127,16 @@ class _OnTrainBegin(TrainerCallback):
 
 def _compute_metrics(data: ReviewData) -> Callable[[Any], dict[str, float]]:
     """What each evaluation scores: the ordered scores of a ratings run, or the classes' (tags')."""
-    if data.scale is not None:
-        from ..evaluation.ordered import build_rating_metrics
-
-        return build_rating_metrics(data.task, data.scale)
+    from ..data.ratings import star_levels
     from ..evaluation.metrics import build_compute_metrics
+    from ..evaluation.ordered import build_rating_metrics, with_star_scores
 
-    return build_compute_metrics(data.label_names, data.task)
+    if data.scale is not None:
+        return build_rating_metrics(data.task, data.scale)
+    classes = build_compute_metrics(data.label_names, data.task)
+    stars = star_levels(data.label_names) if data.task == SINGLE_LABEL else None
+    # Classes that are stars: their ordered scores too, so mae can pick the checkpoint as for ratings.
+    return classes if stars is None else with_star_scores(classes, stars)
 
 
 def _early_stopping(args: Any) -> list[Any]:

@@ -6,7 +6,7 @@ A new subcommand is one module here (its options dataclass, its ``run`` and its
 
 from __future__ import annotations
 
-from . import baseline, bench, catalogs, check, distill, evaluate, export, predict, serve, train, tune
+from . import baseline, bench, catalogs, check, compare_tasks, distill, evaluate, export, predict, serve, train, tune
 from .fields import Command
 
 # In the order ``finetune --help`` lists them.
@@ -16,6 +16,7 @@ COMMANDS: tuple[Command, ...] = (
     check.COMMAND,
     evaluate.COMMAND,
     baseline.COMMAND,
+    compare_tasks.COMMAND,
     tune.COMMAND,
     predict.COMMAND,
     export.COMMAND,
