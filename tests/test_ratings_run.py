@@ -237,10 +237,11 @@ def test_a_nan_rating_is_refused_in_one_line(tmp_path, tiny_model_dir, capsys):
         ),
         ({"task": "regression", "label_bins": "low=1-2,high=3-5"}, "and label_bins makes classes of it"),
         (
-            {"task": "ordinal", "regression_loss": "huber", "label_bins": "low=1-2,high=3-5"},
+            {"task": "ordinal", "label_bins": "low=1-2,high=3-5"},
             "task: ordinal needs at least 3 rating levels, and the training reviews have 2 (low, high)",
         ),
         ({"task": "regression", "class_weighting": "balanced"}, "class_weighting weighs classes of a softmax"),
+        ({"task": "ordinal", "regression_loss": "huber"}, "regression_loss: huber is for task: regression, and task"),
     ],
 )
 def test_a_ratings_recipe_that_cannot_work_is_refused_in_one_line(tmp_path, tiny_model_dir, capsys, fields, said):
@@ -310,3 +311,38 @@ def test_compare_tasks_trains_the_three_on_one_split_and_tables_them(tmp_path, t
 def test_compare_tasks_refuses_a_recipe_that_fixes_the_task(tmp_path, tiny_model_dir, capsys):
     message = run_cli(["compare-tasks", rating_recipe(tmp_path, tiny_model_dir, task="ordinal")], capsys)
     assert "compare-tasks sets the task and reads the stars as numbers itself, and the recipe sets task" in message
+
+
+def test_ordinal_levels_may_be_named_bins_in_their_order(tmp_path):
+    """label_bins are ordered classes: an ordinal run's levels, ranked 1, 2, 3 for its scores."""
+    from finetune.config.arguments import DataArguments
+    from finetune.data.splits import load_review_data
+
+    train = write_csv(tmp_path / "train.csv", rated_reviews(40, 1))
+    data_args = DataArguments(
+        train_file=str(train),
+        text_column="review",
+        label_column="stars",
+        task="ordinal",
+        label_bins="low=1-2,mid=3,high=4-5",
+        test_split_percentage=0,
+        validation_split_percentage=0,
+    )
+    data = load_review_data(data_args)
+    assert data.task == "ordinal" and data.label_names == ["low", "mid", "high"]
+    assert data.scale.levels == (1.0, 2.0, 3.0)
+    stars = [row["stars"] for row in rated_reviews(40, 1)]
+    expected = [0 if star <= 2 else 1 if star == 3 else 2 for star in stars]
+    assert data.splits["train"]["labels"] == expected
+
+
+def test_serve_export_and_distill_refuse_a_ratings_run_in_one_line(regression_run):
+    """They read a softmax over classes; a rating model's output is no class."""
+    from finetune.errors import FinetuneError
+    from finetune.evaluation.inference import load_inference_model
+    from finetune.pipeline.teacher import TeacherRun
+
+    with pytest.raises(FinetuneError, match=r"holds a star-rating model \(a regression run\), and finetune evaluate, "):
+        load_inference_model(regression_run)  # what serve and export load with
+    with pytest.raises(FinetuneError, match=r"star-rating model \(a regression run\), and finetune distill reads"):
+        TeacherRun.open(str(regression_run))

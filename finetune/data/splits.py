@@ -623,6 +623,7 @@ class _RatingRowConverter:
         self.level_ids = {name: index for index, name in enumerate(level_names)}
         self.origin = origin
         self.first_row_number = first_row_number
+        self.rules = CONVERSION_RULES  # in datasets' cache key, as for _RowConverter
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         titles = batch[self.title_column] if self.title_column else None

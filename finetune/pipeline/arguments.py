@@ -38,6 +38,12 @@ def _check_ratings_training(run: Recipe) -> None:
     from ..config.tasks import ORDERED_TASKS
 
     task, args = run.data.task, run.training
+    if args.regression_loss != "mse" and task != "regression":
+        given = f"task is {task}" if task else "no task is set"
+        raise FinetuneError(
+            f"regression_loss: {args.regression_loss} is for task: regression, and {given}; "
+            "set task: regression, or drop regression_loss"
+        )
     if task not in ORDERED_TASKS:
         return
     if args.class_weighting != "none":
