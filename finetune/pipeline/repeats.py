@@ -197,12 +197,15 @@ def _write_summary(
     recipe: str | None, overrides: list[str], plan: RepeatPlan, runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """Every run's figures and their mean and sample standard deviation, written and printed; returns them."""
-    kind, columns = plan.kind, _columns(plan.scored_on)
+    # Star ratings (or classes that are stars): MAE and kappa too, beside the ridge's MAE.
+    ordered = any(entry.get(_ORDERED_NAMES[0].format(plan.scored_on)) is not None for entry in runs)
+    kind, columns = plan.kind, _columns(plan.scored_on, ordered)
     summary = {
         "recipe": recipe,
         "overrides": overrides,
         f"{kind}s": [entry[kind] for entry in runs],
         "scored_on": plan.scored_on,
+        **({"ordered": True} if ordered else {}),
         "runs": runs,
         "mean": {name: _mean([entry[name] for entry in runs]) for name in columns},
         "sd": {name: _sd([entry[name] for entry in runs]) for name in columns},
@@ -300,7 +303,7 @@ def _holds_finished_report(output_dir: Path) -> bool:
 
 def format_summary(summary: dict[str, Any], kind: str) -> str:
     """A markdown table: one row per run, then mean and sample standard deviation."""
-    names = _columns(summary.get("scored_on", "test"))
+    names = _columns(summary.get("scored_on", "test"), summary.get("ordered", False))
     lines = [f"| {kind} | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for entry in summary["runs"]:
         lines.append(f"| {entry[kind]} | " + " | ".join(_cell(entry[name], name) for name in names) + " |")
@@ -326,10 +329,15 @@ def _figure_sources(scored_on: str) -> dict[str, tuple[str, str]]:
     }
 
 
-def _columns(scored_on: str) -> list[str]:
-    """The table's columns: the scores, the leads, then the seconds."""
+# A ratings run's (or a star classifier's) own figures: its MAE and kappa, and the ridge baseline's MAE.
+_ORDERED_NAMES = ("{} MAE", "{} QWK", "baseline MAE")
+
+
+def _columns(scored_on: str, ordered: bool = False) -> list[str]:
+    """The table's columns: the scores (MAE and kappa first for stars), the leads, then the seconds."""
     scores = [name for name in _figure_sources(scored_on) if name != _SECONDS]
-    return [*scores, *_LEADS, _SECONDS]
+    stars = [name.format(scored_on) for name in _ORDERED_NAMES] if ordered else []
+    return [*stars, *scores, *_LEADS, _SECONDS]
 
 
 def _figures(metrics: dict[str, Any], scored_on: str) -> dict[str, Any]:
@@ -340,11 +348,22 @@ def _figures(metrics: dict[str, Any], scored_on: str) -> dict[str, Any]:
         "train": metrics,
     }
     figures = {name: sources[source].get(key) for name, (source, key) in _figure_sources(scored_on).items()}
+    figures.update(_ordered_figures(sources, scored_on))
     compared = ((f"{scored_on} accuracy", "baseline accuracy"), (f"{scored_on} macro-F1", "baseline macro-F1"))
     for name, (model, baseline) in zip(_LEADS, compared):
         known = figures[model] is not None and figures[baseline] is not None
         figures[name] = figures[model] - figures[baseline] if known else None
     return figures
+
+
+def _ordered_figures(sources: dict[str, dict[str, Any]], scored_on: str) -> dict[str, Any]:
+    """A ratings run's MAE and kappa (a star classifier's, read as stars) and the ridge's MAE; none for classes."""
+    test = sources["test"].get("ordered") or sources["test"]
+    if test.get("mae") is None:
+        return {}
+    baseline = sources["baseline_test"]
+    values = (test["mae"], test.get("quadratic_weighted_kappa"), baseline.get("mae"))
+    return {name.format(scored_on): value for name, value in zip(_ORDERED_NAMES, values)}
 
 
 def _mean(values: list[float | None]) -> float | None:
