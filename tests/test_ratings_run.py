@@ -359,3 +359,10 @@ def test_seeds_of_a_ratings_recipe_table_mae_and_kappa_beside_the_ridge(tmp_path
         report = read_json(Path(entry["output_dir"]) / "test_report.json")
         assert entry["test MAE"] == report["mae"] and entry["test QWK"] == report["quadratic_weighted_kappa"]
     assert summary["mean"]["test MAE"] == pytest.approx(np.mean([entry["test MAE"] for entry in summary["runs"]]))
+
+
+def test_tune_refuses_a_ratings_recipe_in_one_line(tmp_path, tiny_model_dir, capsys):
+    pytest.importorskip("optuna")
+    recipe = rating_recipe(tmp_path, tiny_model_dir, task="ordinal")
+    message = run_cli(["tune", recipe, "--trials", "1", "--output", tmp_path / "trials"], capsys)
+    assert "finetune tune searches a classifier's settings, and this recipe rates stars (task: ordinal)" in message
