@@ -64,6 +64,8 @@ TOKEN_LEVEL_CASES = {
     "multi-label-partial-window": ("multi-label", 17, 2, 2, None),
     "multi-label-token-budget-packed": ("multi-label", 17, 3, 2, 40, True),
     "rating-regression-partial-window": ("rating-regression", 17, 2, 2, None),
+    "ordinal-corn-partial-window": ("ordinal-corn", 17, 2, 2, None),
+    "ordinal-corn-token-budget-packed": ("ordinal-corn", 17, 3, 2, 40, True),
 }
 # Coverage runs: dropout on (so ranks' random streams differ), 3 epochs of shuffled order.
 COVERAGE_SAMPLES = 21

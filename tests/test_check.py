@@ -248,3 +248,29 @@ def test_a_distillation_check_without_a_teacher_of_the_check_data_is_refused(
         f"the teacher {teacher} trained on files of its own, not on the check data fakecheck: {how}"
     )
     assert not (tmp_path / "runs-check-fakecheck").exists()
+
+
+def test_a_ratings_recipe_is_checked_on_the_check_datas_stars_as_numbers(
+    tmp_path, tiny_model_dir, own_data, fake_check, capsys
+):
+    """task: regression reads the check data's ratings as it reads its own: no bins, scored in stars."""
+    recipe = recipe_for(
+        tmp_path,
+        tiny_model_dir,
+        own_data,
+        max_length=48,
+        label_bins=None,
+        task="regression",
+        ignore_mismatched_sizes=True,
+    )
+    flags = ["--save_strategy", "no", "--load_best_model_at_end", "false", "--eval_strategy", "no"]
+    assert main(["check", str(recipe), "fakecheck", *flags]) == 0
+    folder = tmp_path / "runs-check-fakecheck"
+    values = yaml.safe_load((folder / CHECK_RECIPE).read_text())
+    assert "label_bins" not in values and values["task"] == "regression" and values["label_column"] == "rating"
+    summary = json.loads((folder / "seeds.json").read_text())
+    (entry,) = summary["runs"]
+    report = json.loads((Path(entry["output_dir"]) / "test_report.json").read_text())
+    assert report["task"] == "regression" and entry["test MAE"] == report["mae"]
+    assert entry["baseline MAE"] is not None  # the ridge, on the same draw
+    assert "test MAE" in capsys.readouterr().out

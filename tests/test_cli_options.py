@@ -110,8 +110,8 @@ def test_build_cli_lists_every_registered_command_in_order():
     subcommands = next(action for action in build_cli()._actions if action.dest == "command").choices
     assert list(subcommands) == [command.name for command in COMMANDS]
     assert list(subcommands) == [
-        "train", "distill", "check", "evaluate", "baseline", "find-label-issues", "tune", "predict", "export",
-        "serve", "bench", "data", "model",
+        "train", "distill", "check", "evaluate", "baseline", "compare-tasks", "find-label-issues", "tune", "predict",
+        "export", "serve", "bench", "data", "model",
     ]  # fmt: skip
 
 

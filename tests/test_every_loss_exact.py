@@ -3,8 +3,9 @@
 A causal LM's loss is a mean over its labelled next tokens and a token
 classifier's over its labelled tokens, not over rows; a multi-label
 classifier's binary cross-entropy is a mean over reviews of each review's
-mean over its tags, and a rating regressor's squared error a mean over
-reviews. The reference here is
+mean over its tags, a rating regressor's squared (or Huber) error a mean over
+reviews, and an ordinal (CORN) model's loss a mean over the (review, output)
+pairs each review trains. The reference here is
 plain PyTorch, independent of the trainer: each window's samples collated
 into one batch, the model's own loss on it (its mean over the window's
 items), one SGD(lr=1) step. ReviewTrainer must match it at every split of a
@@ -95,6 +96,42 @@ def rating_regressor() -> BertForSequenceClassification:
     return tiny_bert(BertForSequenceClassification, num_labels=1, problem_type="regression")
 
 
+def ordinal_rater() -> BertForSequenceClassification:
+    """A tiny BERT ranking reviews among 5 levels with CORN: 4 outputs, each 'above level k'."""
+    model = tiny_bert(BertForSequenceClassification, num_labels=4)
+    model.config.finetune_task = "ordinal"  # what finetune's own loader writes (training/ordered_heads.py)
+    return model
+
+
+def corn_by_the_paper(logits: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """CORN's loss as coral_pytorch.losses.corn_loss writes it: a loop over the outputs, each on its subset.
+
+    Output k trains on the reviews above level k - 1 with target "above level k"; the summed losses
+    are divided by the number of (review, output) pairs that trained.
+    """
+    total, pairs = 0.0, 0
+    for output in range(logits.shape[1]):
+        subset = levels > output - 1
+        targets = (levels[subset] > output).float()
+        if len(targets) < 1:
+            continue
+        pairs += len(targets)
+        chosen = logits[subset, output]
+        logsigmoid = torch.nn.functional.logsigmoid(chosen)
+        total = total - torch.sum(logsigmoid * targets + (logsigmoid - chosen) * (1 - targets))
+    return total / pairs
+
+
+def level_rows(count: int, seed: int) -> datasets.Dataset:
+    """Reviews of 2 to 14 tokens, each at a level 0-4 (1-5 stars), the top level on a few."""
+    rng = random.Random(seed)
+    rows = {"input_ids": [], "labels": []}
+    for _ in range(count):
+        rows["input_ids"].append([rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 14))])
+        rows["labels"].append(rng.choice([0, 0, 1, 2, 3, 3, 4]))
+    return datasets.Dataset.from_dict(rows)
+
+
 def rated_rows(count: int, seed: int) -> datasets.Dataset:
     """Reviews of 2 to 14 tokens, each with a star rating from 1.0 to 5.0."""
     rng = random.Random(seed)
@@ -151,8 +188,9 @@ def pad_rows(features: list[dict]) -> dict[str, torch.Tensor]:
 
     input_ids = [feature["input_ids"] for feature in features]
     labels = [feature["labels"] for feature in features]
-    # A rating is one float and a review's tags one row of floats; token labels run along the tokens, padded.
-    per_review = isinstance(labels[0], float) or isinstance(labels[0][0], float)
+    # A rating or a level is one number and a review's tags one row of floats; token labels run along the
+    # tokens, padded.
+    per_review = not isinstance(labels[0], list) or isinstance(labels[0][0], float)
     return {
         "input_ids": padded(input_ids, PAD),
         "attention_mask": padded([[1] * len(ids) for ids in input_ids], 0),
@@ -165,24 +203,32 @@ FAMILIES = {
     "token-classifier": (token_classifier, tagged_rows),
     "multi-label": (tag_classifier, review_tag_rows),
     "rating-regression": (rating_regressor, rated_rows),
+    "ordinal-corn": (ordinal_rater, level_rows),
 }
 
 
-def reference_steps(model, dataset, window_samples: int, pos_weight: torch.Tensor | None = None) -> torch.Tensor:
+def reference_steps(
+    model, dataset, window_samples: int, pos_weight: torch.Tensor | None = None, loss_of=None
+) -> torch.Tensor:
     """One SGD(lr=1) step per window on the model's own loss over the window's samples collated as one batch.
 
-    With ``pos_weight`` the loss is PyTorch's binary cross-entropy with those per-tag weights on the window.
+    With ``pos_weight`` the loss is PyTorch's binary cross-entropy with those per-tag weights on the window;
+    an ordinal model's is CORN's by the paper's code; ``loss_of(logits, labels)`` gives any other.
     """
+    if loss_of is None and getattr(model.config, "finetune_task", None) == "ordinal":
+        loss_of = corn_by_the_paper
+    if pos_weight is not None:
+        loss_of = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)
     model = copy.deepcopy(model)
     model.train()
     parameters = list(model.parameters())
     for start in range(0, len(dataset), window_samples):
         batch = pad_rows([dataset[row] for row in range(start, min(start + window_samples, len(dataset)))])
-        if pos_weight is None:
+        if loss_of is None:
             loss = model(**batch).loss
         else:
             labels = batch.pop("labels")
-            loss = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)(model(**batch).logits, labels)
+            loss = loss_of(model(**batch).logits, labels)
         sgd_step(parameters, loss)
     return flat_parameters(model)
 
@@ -220,6 +266,42 @@ def test_multi_label_packed_pieces_equal_full_batch_step(tmp_path, budget):
     reference = reference_steps(model, dataset, 8)
     ours = trained(ReviewTrainer, model, dataset, tmp_path, 4, 2, micro_batch_tokens=budget, padding_free=True)
     assert_matches_reference(ours, reference, flat_parameters(model))
+
+
+@pytest.mark.parametrize("family", ["rating-regression", "ordinal-corn"])
+@pytest.mark.parametrize("budget", [24, 64], ids=["budget-24", "budget-64"])
+def test_rating_packed_pieces_equal_full_batch_step(tmp_path, family, budget):
+    """Packed rows (padding_free) read each review's rating or level as padded batches do: the same update."""
+    make_model, make_rows = FAMILIES[family]
+    model, dataset = make_model(), make_rows(13, seed=13)
+    reference = reference_steps(model, dataset, 8)
+    ours = trained(ReviewTrainer, model, dataset, tmp_path, 4, 2, micro_batch_tokens=budget, padding_free=True)
+    assert_matches_reference(ours, reference, flat_parameters(model))
+
+
+@pytest.mark.parametrize(("samples", "micro_batch", "n", "budget"), SPLITS.values(), ids=SPLITS.keys())
+def test_huber_regression_update_equals_full_batch_step(tmp_path, samples, micro_batch, n, budget):
+    """regression_loss: huber, against PyTorch's HuberLoss on each whole window (delta 1)."""
+    model, dataset = rating_regressor(), rated_rows(samples, seed=samples)
+
+    def huber(logits, labels):
+        return torch.nn.HuberLoss(delta=1.0)(logits.squeeze(-1), labels)
+
+    reference = reference_steps(model, dataset, micro_batch * n, loss_of=huber)
+    ours = trained(
+        ReviewTrainer, model, dataset, tmp_path, micro_batch, n, micro_batch_tokens=budget, regression_loss="huber"
+    )
+    assert_matches_reference(ours, reference, flat_parameters(model))
+
+
+def test_the_check_has_teeth_ordinal_pieces_weighted_by_reviews_fail(tmp_path, monkeypatch):
+    """Counting an ordinal piece by its reviews (not its CORN pairs) is caught: the pairs are what it averages."""
+    model, dataset = ordinal_rater(), level_rows(12, seed=12)
+    reference = reference_steps(model, dataset, 6)
+    monkeypatch.setattr(ReviewTrainer, "_loss_items", lambda self, inputs: float(len(inputs["labels"])))
+    ours = trained(ReviewTrainer, model, dataset, tmp_path, 3, 2)
+    with pytest.raises(AssertionError, match="relative"):
+        assert_matches_reference(ours, reference, flat_parameters(model))
 
 
 def test_the_check_has_teeth_multi_label_pieces_weighted_alike_fail(tmp_path, monkeypatch):
@@ -283,6 +365,9 @@ def test_items_are_counted_as_each_loss_averages():
     assert loss_items({"labels": torch.tensor([2, 0, IGNORED])}, class_weights=weights) == 4.5
     assert loss_items({"labels": torch.zeros(3, 5)}) == 3  # float labels (tags, ratings): one per review
     assert loss_items({"input_ids": torch.zeros(2, 7)}) == 2
+    # CORN with 4 outputs: a review at level y trains min(y + 1, 4) of them; an ignored one none.
+    levels = torch.tensor([0, 1, 4, 3, IGNORED])
+    assert loss_items({"labels": levels}, ordinal_outputs=4) == 1 + 2 + 4 + 4
 
 
 def test_padding_free_is_refused_for_a_token_level_loss(tmp_path):

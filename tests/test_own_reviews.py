@@ -206,3 +206,22 @@ def test_tags_without_a_recipe_say_their_names_and_write_them_into_the_recipe(tm
     printed = capsys.readouterr().err
     assert f"tags ({'lists' if suffix == '.jsonl' else 'split at ' + repr('|')}): {', '.join(expected)}" in printed
     assert f"class_names: [{', '.join(expected)}]" in printed
+
+
+@pytest.mark.parametrize("task", ["ordinal", "regression"])
+def test_a_star_column_trains_as_ordered_ratings_without_a_recipe(tmp_path, tiny_model_dir, capsys, task):
+    """``finetune train --train_file my.csv --label_column stars --task ordinal``: no bins, no class weights, MAE."""
+    folder = tmp_path / "stars"
+    argv = ["train", "--train_file", str(TRAIN), "--text_column", "review", "--label_column", "stars"]
+    argv += ["--task", task, "--output_dir", str(folder), "--model_name_or_path", str(tiny_model_dir)]
+    argv += ["--max_length", "32", "--num_train_epochs", "1", "--use_cpu", "true", "--disable_tqdm", "true"]
+    argv += ["--ignore_mismatched_sizes", "true"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "label_bins" not in err and "metric_for_best_model mae" in err
+    again = load_recipe(str(folder / "recipe.yaml"))
+    assert again.data.task == task and again.data.label_bins is None
+    assert again.training.class_weighting == "none" and again.training.metric_for_best_model == "mae"
+    assert again.training.greater_is_better is False
+    report = json.loads((folder / "test_report.json").read_text())
+    assert report["task"] == task and {"mae", "quadratic_weighted_kappa"} <= set(report)

@@ -19,6 +19,7 @@ def baseline(recipe: str | None, overrides: list[str] | None = None, output: str
     from ..config.recipes import load_recipe
     from ..data.splits import load_review_data
     from ..evaluation.baseline import run_baseline
+    from ..evaluation.rating_baseline import run_rating_baseline
 
     run = load_recipe(recipe, overrides)
     if output:
@@ -31,19 +32,21 @@ def baseline(recipe: str | None, overrides: list[str] | None = None, output: str
         for split in splits
         if split != "train"
     }
-    result = run_baseline(
-        column_values(splits["train"], "text"),
-        column_values(splits["train"], "labels"),
-        to_score,
-        data.label_names,
-        seed=run.training.seed,
-    )
+    train_texts, train_labels = column_values(splits["train"], "text"), column_values(splits["train"], "labels")
+    if data.scale is not None:  # a ratings recipe: the ridge on the rating, scored in stars
+        result = run_rating_baseline(
+            train_texts, train_labels, to_score, data.label_names, data.scale, data.task, seed=run.training.seed
+        )
+    else:
+        result = run_baseline(train_texts, train_labels, to_score, data.label_names, seed=run.training.seed)
 
     print(f"{result.description}: fit on {result.train_reviews} reviews, {result.features:,} features")
-    print("| split | reviews | accuracy | macro-F1 |")
-    print("| --- | --- | --- | --- |")
+    stars = data.scale is not None
+    print("| split | reviews | " + ("MAE | QWK | " if stars else "") + "accuracy | macro-F1 |")
+    print("| --- | --- | " + ("--- | --- | " if stars else "") + "--- | --- |")
     for split, scores in result.scores.items():
-        print(f"| {split} | {scores['num_samples']} | {scores['accuracy']:.4f} | {scores['macro_f1']:.4f} |")
+        ordered = f"{scores['mae']:.4f} | {scores['quadratic_weighted_kappa']:.4f} | " if stars else ""
+        print(f"| {split} | {scores['num_samples']} | {ordered}{scores['accuracy']:.4f} | {scores['macro_f1']:.4f} |")
     print(f"fit in {result.fit_seconds:.1f} s" + (f"; {result.note}" if result.note else ""), file=sys.stderr)
     if output:
         write_output_text(output, json.dumps(result.to_dict(), indent=2) + "\n", instead=OUTPUT_FLAG)

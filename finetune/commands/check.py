@@ -77,6 +77,7 @@ def check(
     ``teacher`` (a run trained on ``dataset``), every seed is its student.
     """
     from ..config.recipes import flag_names, load_recipe, read_recipe_file
+    from ..data.ratings import reads_numbers
     from ..data.splits import load_review_data
     from ..pipeline.flags import without_flags
     from ..pipeline.repeats import run_repeats, seed_repeats
@@ -93,11 +94,13 @@ def check(
     own = load_recipe(recipe, without_flags(recipe_flags, {f"--{name}": True for name in SAMPLE_FIELDS}))
     refuse_tags(recipe, entry.name, own.data.task == "multi_label" or own.data.label_separator is not None)
     columns = check_columns(entry, own.data)
-    if own.data.class_names:  # named by the recipe: checked before its data is read (or downloaded)
+    # A ratings recipe reads the check data's stars as numbers too: no classes to map its bins onto.
+    stars = reads_numbers(own.data)
+    if own.data.class_names and not stars:  # named by the recipe: checked before its data is read (or downloaded)
         check_label_bins(entry, list(own.data.class_names), recipe)
     own_data = load_review_data(own.data, seed=own.training.seed)
     refuse_tags(recipe, entry.name, own_data.multi_label)  # tags inferred from lists in the data
-    label_bins = check_label_bins(entry, own_data.label_names, recipe)
+    label_bins = None if stars else check_label_bins(entry, own_data.label_names, recipe)
     own_rows = own_split_sizes(own_data)
 
     # The check recipe: the recipe's values with the check data's fields, written beside the runs.
@@ -217,7 +220,7 @@ def check_recipe_values(
     values: dict[str, Any],
     dataset: str,
     columns: dict[str, str],
-    label_bins: dict[str, list[float]],
+    label_bins: dict[str, list[float]] | None,
     own_rows: dict[str, int],
 ) -> dict[str, Any]:
     """The recipe's ``values`` with its data fields replaced by the check dataset's, and the draw sized on its own."""
@@ -229,7 +232,8 @@ def check_recipe_values(
         **{key: value for key, value in values.items() if key not in replaced},
         "dataset_name": dataset,
         **columns,
-        "label_bins": label_bins,
+        # A ratings recipe (no bins) reads the check data's stars as numbers.
+        **({"label_bins": label_bins} if label_bins is not None else {}),
         # The recipe's own size and shares: the lead is measured at the size the settings were tuned at.
         "max_train_samples": total,
         "test_split_percentage": _percent(own_rows.get("test", 0), total),

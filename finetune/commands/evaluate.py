@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config.output_files import write_output_text
+from ..config.tasks import ORDERED_TASKS
 from ..data.columns import column_values
 from ..data.encoding import ReviewEncoding
 from ..errors import FinetuneError
+from ..evaluation.rating_checkpoints import evaluate_ratings, holds_ratings, rating_level_names
 from .evaluate_tags import TagEvaluation, evaluate_tags, refuse_tag_calibration
 
 
@@ -44,7 +46,7 @@ def evaluate(
 
     For a run folder every ``checkpoint-*`` is scored as well as the final
     model, and the best by macro-F1 is marked (micro-F1 for a multi_label run:
-    :mod:`.evaluate_tags`). The data is the run's ``split`` unless ``data`` names
+    :mod:`.evaluate_tags`; MAE for a ratings run). The data is the run's ``split`` unless ``data`` names
     a file with its columns. With ``baseline`` (and the run's train split at hand)
     the TF-IDF baseline, fit on that split, is added as a last row.
 
@@ -53,6 +55,8 @@ def evaluate(
     data, one table and one picture, written to ``<first run>/comparison/``.
     """
     paths = [path] if isinstance(path, str) else list(path)
+    if holds_ratings(Path(paths[0])):  # in stars: evaluation/rating_checkpoints.py
+        return _evaluate_ratings(paths, data, split, batch_size, baseline, resamples, seed, calibrate)
     models = _models_to_score(paths, calibrate)
     tags = _tag_models(models, calibrate)  # several tags per review: read at thresholds, compared on micro-F1
     label_names = _shared_label_names(models)
@@ -77,6 +81,27 @@ def evaluate(
         written.append(calibrate_model(models[-1], calibration_data, batch_size, probabilities[-1], scoring.labels))
     _write_reports(folder, scored_on, reports, label_names, written)
     return reports
+
+
+def _evaluate_ratings(
+    paths: list[str],
+    data: str | None,
+    split: str,
+    batch_size: int,
+    baseline: bool,
+    resamples: int,
+    seed: int,
+    calibrate: bool,
+) -> list[dict[str, Any]]:
+    """A star-rating run: its models scored in stars (:mod:`.evaluate_ratings`), refused for what needs classes."""
+    if calibrate:
+        raise FinetuneError("--calibrate fits a softmax's temperature, and this run rates stars; drop --calibrate")
+    if len(paths) > 1:
+        raise FinetuneError("comparing ratings runs is not done yet; evaluate each run on its own")
+    models = _models_to_score(paths, calibrate, ratings=True)
+    scoring = load_labelled_texts(models[0], data, split, rating_level_names(models[0]))
+    scored_on = f"data-{Path(data).stem}" if data else split
+    return evaluate_ratings(models, scoring, scored_on, batch_size, baseline, resamples, seed)
 
 
 def _results_folder(paths: list[str]) -> Path:
@@ -123,10 +148,10 @@ def _compared(
     return reports, best
 
 
-def _models_to_score(paths: list[str], calibrate: bool) -> list[Path]:
+def _models_to_score(paths: list[str], calibrate: bool, ratings: bool = False) -> list[Path]:
     """The model folders to score: the runs named, or one run's checkpoints and final model; each checked."""
     from ..evaluation.inference import require_inference_folder
-    from ..training.model_check import check_model_config
+    from ..training.model_check import check_model_config, refuse_rating_model
     from ..training.runs import checkpoints, refuse_while_training
 
     for given in paths:
@@ -150,6 +175,8 @@ def _models_to_score(paths: list[str], calibrate: bool) -> list[Path]:
             models.append(folder)
     for model_dir in models:
         require_inference_folder(model_dir)
+        if not ratings:
+            refuse_rating_model(model_dir, "finetune evaluate reads")
         # The weights are checked as each model loads to be scored; its classes before they are compared.
         check_model_config(model_dir)
     return models
@@ -432,7 +459,8 @@ def load_labelled_texts(
     if run_config is None and data is None:
         raise FinetuneError(f"{model_dir} has no {split} data on record; pass --data FILE with text and label columns")
     fields = dict(run_config["data"]) if run_config else {}
-    fields["class_names"] = label_names if not fields.get("label_bins") else None
+    if fields.get("task") not in ORDERED_TASKS:  # a ratings run reads its stars as numbers, not as classes
+        fields["class_names"] = label_names if not fields.get("label_bins") else None
     data_args = DataArguments(**fields)
     encoding = ReviewEncoding.from_fields(fields)
     if data is not None:

@@ -53,6 +53,7 @@ def predict(
     CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL; with tags,
     the words behind each tag given (``"tag: word (score) | tag: ..."``, an object of lists).
 
+    A star-rating run writes ``label`` (the level) and ``rating`` (``_Stars``).
     A multi_label run (several tags per review) writes ``labels`` instead: the
     tags whose probability reaches their threshold (``tag_thresholds.json``, or
     ``threshold`` for every tag), joined by the run's ``label_separator`` (``|``)
@@ -157,10 +158,12 @@ def _predict_batches(
     from ..data.encoding import ReviewEncoding
     from ..evaluation.inference import load_inference_model, predict_probabilities, warn_if_model_changed
 
-    model, tokenizer = load_inference_model(reading.model_dir, tags_read=True, threshold=reading.threshold)
+    model, tokenizer = load_inference_model(
+        reading.model_dir, tags_read=True, threshold=reading.threshold, ratings_read=True
+    )
     # After the check: a model that does not work is refused in one line, with no warning before it.
     warn_if_model_changed(reading.model_dir, "its predictions")
-    tags = _Tags.of(model, reading, output.format)
+    tags = _Tags.of(model, reading, output.format) or _Stars.of(model, reading)
     fields = reading.data_fields
     encoding = ReviewEncoding.from_fields(fields)
     label_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
@@ -190,7 +193,7 @@ def _predict_batches(
         answers = iter(results)
         output.write(
             [
-                {**row, **next(answers)} if text else _no_result(row, label_names, reading.explain, tags is not None)
+                {**row, **next(answers)} if text else _no_result(row, label_names, reading.explain, tags)
                 for row, text in zip(batch, texts)
             ]
         )
@@ -226,10 +229,10 @@ def _result(row: dict[str, Any], probs: Any, label_names: list[str]) -> dict[str
     return result
 
 
-def _no_result(
-    row: dict[str, Any], label_names: list[str], explain: bool = False, tags: bool = False
-) -> dict[str, Any]:
+def _no_result(row: dict[str, Any], label_names: list[str], explain: bool = False, tags: Any = None) -> dict[str, Any]:
     """The columns of a result, empty: for a review with no text, which no label describes."""
+    if isinstance(tags, _Stars):
+        return {**row, **tags.empty()}
     given = {"labels": None} if tags else {"label": "", "probability": None}
     empty = {**row, **given, **{f"prob_{name}": None for name in label_names}}
     return {**empty, "top_words": None} if explain else empty
@@ -262,6 +265,60 @@ class _Tags:
         result: dict[str, Any] = {"labels": given if self.as_list else self.separator.join(given)}
         result.update({f"prob_{name}": round(float(p), 6) for name, p in zip(self.names, probs)})
         return result
+
+
+@dataclass
+class _Stars:
+    """How a star-rating run's reviews are rated: its task, its levels and the scale its outputs map back by.
+
+    ``rating`` is a regression's output mapped back and clipped to the levels' range (``label`` the nearest
+    level), or an ordinal run's level; an ordinal run adds ``prob_above_<level>``, P(rating > level), per output.
+    """
+
+    task: str
+    scale: Any  # a RatingScale
+    level_names: list[str]
+
+    @classmethod
+    def of(cls, model: Any, reading: _Reading) -> _Stars | None:
+        """The stars of a regression or ordinal model (None for another); refuses ``--explain`` with them."""
+        from ..config.tasks import ORDERED_TASKS, task_of_model
+        from ..data.ratings import RatingScale, level_name
+
+        task = task_of_model(model.config)
+        if task not in ORDERED_TASKS:
+            return None
+        if reading.explain:
+            raise FinetuneError(
+                f"--explain gives the words behind a class's probability, and this run rates stars ({task}); "
+                "drop --explain"
+            )
+        scale = RatingScale.from_config(model.config)
+        if scale is None:
+            raise FinetuneError(
+                f"{reading.model_dir / 'config.json'} has no rating_levels, which a {task} model is read by; "
+                "restore config.json from a copy of the run or one of its checkpoint-* folders"
+            )
+        names = getattr(model.config, "rating_level_names", None) or [level_name(value) for value in scale.levels]
+        return cls(task, scale, list(names))
+
+    def result(self, outputs: Any) -> dict[str, Any]:
+        """A review's level and rating (and for ordinal, each P(rating > level))."""
+        from ..config.tasks import ORDINAL
+        from ..training.ordered_heads import from_outputs
+
+        ratings, levels = from_outputs(outputs[None, :], self.task, self.scale)
+        result: dict[str, Any] = {"label": self.level_names[int(levels[0])], "rating": round(float(ratings[0]), 4)}
+        if self.task == ORDINAL:
+            result.update({f"prob_above_{name}": round(float(p), 6) for name, p in zip(self.level_names, outputs)})
+        return result
+
+    def empty(self) -> dict[str, Any]:
+        """The columns of a result, empty (a review with no text)."""
+        from ..config.tasks import ORDINAL
+
+        above = self.level_names[:-1] if self.task == ORDINAL else []
+        return {"label": "", "rating": None, **{f"prob_above_{name}": None for name in above}}
 
 
 def _add_top_words(

@@ -125,6 +125,12 @@ def _read_for_trials(run: Any) -> tuple[Any, Any, Any]:
     from ..training.modeling import load_tokenizer
 
     data = load_review_data(run.data, seed=run.training.seed)
+    if data.scale is not None:
+        # Trials build a classifier's head and compare macro-F1: a ratings run would be tuned as classes.
+        raise FinetuneError(
+            f"finetune tune searches a classifier's settings, and this recipe rates stars (task: {data.task}); "
+            "train it with --seeds 3 to compare settings by MAE, or tune it as task: single_label"
+        )
     if "validation" not in data.splits:
         raise FinetuneError(
             "finetune tune needs a validation split; set validation_file or validation_split_percentage"

@@ -124,12 +124,14 @@ class DataArguments:
         default=None,
         metadata={"help": "Class names in id order. Inferred (sorted) from the training labels when omitted."},
     )
-    task: Literal["single_label", "multi_label"] | None = field(
+    task: Literal["single_label", "multi_label", "regression", "ordinal"] | None = field(
         default=None,
         metadata={
             "help": (
-                "What a review's label is: 'single_label' (one class, a softmax) or 'multi_label' (a set of tags, "
-                "a sigmoid each: a JSON list such as [price, delivery], or text split at label_separator). "
+                "What a review's label is: 'single_label' (one class, a softmax), 'multi_label' (a set of tags, "
+                "a sigmoid each: a JSON list such as [price, delivery], or text split at label_separator), "
+                "'regression' (a star rating as a number: one output, mean squared error) or 'ordinal' (ordered "
+                "levels such as 1-5 stars: K-1 yes/no outputs 'above level k', CORN). "
                 "Inferred from the label column when omitted: lists, or a label_separator, make it multi_label."
             )
         },
@@ -334,6 +336,28 @@ class DataArguments:
             raise FinetuneError(
                 "sliding_window is for one label per review for now; drop sliding_window for a multi_label run"
             )
+        self._check_ratings()
+
+    def _check_ratings(self) -> None:
+        """``task: regression`` reads numbers, so no class names or bins; neither ordered task splits tags."""
+        if self.task not in ("regression", "ordinal"):
+            return
+        if self.task == "regression" and (self.class_names or self.label_bins is not None):
+            # label_bins has filled class_names by now: name the one the recipe gave.
+            given = "label_bins" if self.label_bins is not None else "class_names"
+            raise FinetuneError(
+                f"task: regression predicts the rating as a number, and {given} makes classes of it; "
+                f"drop {given}, or set task: ordinal (ordered classes) or single_label"
+            )
+        if self.label_separator is not None:
+            raise FinetuneError(
+                f"label_separator splits a label into tags, and task is {self.task} (one rating per review); "
+                "drop label_separator, or set task: multi_label"
+            )
+        if self.sliding_window:
+            raise FinetuneError(
+                f"sliding_window is for one label per review for now; drop sliding_window for a {self.task} run"
+            )
 
     def _check_lengths(self) -> None:
         """``max_length`` and the token counts measured within it (head tokens, a sliding window's stride)."""
@@ -412,6 +436,16 @@ class FinetuneTrainingArguments(TrainingArguments):
                 "Resume from a checkpoint even when the result cannot equal an uninterrupted run (no optimizer, "
                 "scheduler or random state in it, or another micro-batch, n or number of processes); "
                 "a warning says what changes."
+            )
+        },
+    )
+    regression_loss: Literal["mse", "huber"] = field(
+        default="mse",
+        metadata={
+            "help": (
+                "A task: regression run's loss on the standardised rating: 'mse' (mean squared error) or 'huber' "
+                "(squared below 1 standard deviation of the train split's ratings, linear above: a few wild "
+                "labels pull less)."
             )
         },
     )

@@ -24,11 +24,13 @@ from transformers import PreTrainedTokenizerBase
 
 from ..config.arguments import DataArguments
 from ..config.csv_cells import unguard_columns
+from ..config.tasks import MULTI_LABEL, ORDINAL, REGRESSION, SINGLE_LABEL
 from ..errors import FinetuneError
 from .cleaning import clean_texts, join_title
 from .columns import column_values
 from .encoding import ReviewEncoding, encode_reviews
 from .label_issue_rows import drop_listed_rows, read_listed_rows
+from .ratings import RatingScale, check_level_count, level_name, rating_levels, rating_value, reads_numbers
 from .sources import ROWS_WORTH_A_BAR, RawSplits, progress_bars, read_files, read_sources
 from .tags import holds_lists, is_multi_label, review_tags, tag_counts, tag_features, tag_names
 
@@ -112,8 +114,16 @@ class ReviewData:
     splits: datasets.DatasetDict
     label_names: list[str]
     report: DataReport
-    # Several tags per review: ``labels`` is a row of 0/1 floats per review, ``label_names`` the tags.
-    multi_label: bool = False
+    # What a review's label is (config/tasks.py). multi_label: ``labels`` is a row of 0/1 floats per review,
+    # ``label_names`` the tags; regression and ordinal: ``labels`` is the index of the review's rating level.
+    task: str = SINGLE_LABEL
+    # A regression or ordinal run's levels as ratings, with the train split's mean and deviation.
+    scale: RatingScale | None = None
+
+    @property
+    def multi_label(self) -> bool:
+        """Whether each review has a set of tags rather than one label."""
+        return self.task == MULTI_LABEL
 
 
 def drawing_seed(split_seed: int | None, seed: int) -> int:
@@ -132,13 +142,12 @@ def load_review_data(data_args: DataArguments, seed: int = 42, listed_rows: dict
     tables = {split: _subsample(table, split, data_args, seed) for split, table in raw.tables.items()}
     for split, table in tables.items():
         _check_columns(table, raw.origins[split], data_args)
-    multi_label, label_names = _labels_of(tables, raw, data_args)
+    task, label_names = _labels_of(tables, raw, data_args)
+    multi_label = task == MULTI_LABEL
     report = DataReport(source=raw.description)
     splits = datasets.DatasetDict()
     for split, table in tables.items():
-        splits[split], report.dropped[split] = _to_text_and_labels(
-            table, raw, split, data_args, label_names, multi_label
-        )
+        splits[split], report.dropped[split] = _to_text_and_labels(table, raw, split, data_args, label_names, task)
         report.rows_read[split] = len(table)
 
     # Both shares are of the source's whole train split.
@@ -164,7 +173,7 @@ def load_review_data(data_args: DataArguments, seed: int = 42, listed_rows: dict
         splits = _hold_out(splits, "validation", held_out, label_names, seed, stratify=not multi_label)
     if data_args.extra_train_file:
         # After every held-out split is drawn: the extra reviews train and are never validated or tested on.
-        extra = _extra_training_reviews(Path(data_args.extra_train_file), data_args, label_names, multi_label)
+        extra = _extra_training_reviews(Path(data_args.extra_train_file), data_args, label_names, task)
         splits["train"] = datasets.concatenate_datasets([splits["train"], extra])
         report.extra_train_reviews = len(extra)
     if data_args.title_as_review:
@@ -173,7 +182,14 @@ def load_review_data(data_args: DataArguments, seed: int = 42, listed_rows: dict
     splits = splits.remove_columns("title")
     _count_rows(report, splits, label_names, multi_label)
     _refuse_absent_classes(report.class_counts["train"], raw.origins["train"])
-    return ReviewData(splits, label_names, report, multi_label)
+    return ReviewData(splits, label_names, report, task, _rating_scale(task, label_names, splits))
+
+
+def _rating_scale(task: str, label_names: list[str], splits: datasets.DatasetDict) -> RatingScale | None:
+    """A regression or ordinal run's levels with the train split's mean and deviation; None for other tasks."""
+    if task not in (REGRESSION, ORDINAL):
+        return None
+    return RatingScale.of_train(label_names, column_values(splits["train"], "labels"))
 
 
 def _without_listed_rows(
@@ -197,16 +213,21 @@ def _count_rows(report: DataReport, splits: datasets.DatasetDict, label_names: l
     report.class_counts = {split: dict(zip(label_names, count(rows))) for split, rows in splits.items()}
 
 
-def _labels_of(tables: dict[str, datasets.Dataset], raw: RawSplits, data_args: DataArguments) -> tuple[bool, list[str]]:
-    """Whether the run has several tags per review, and its class (or tag) names, once every label cell is checked."""
+def _labels_of(tables: dict[str, datasets.Dataset], raw: RawSplits, data_args: DataArguments) -> tuple[str, list[str]]:
+    """The run's task, and its class (tag, rating level) names, once every label cell is checked."""
     multi_label = is_multi_label(tables["train"], data_args)
     for split, table in tables.items():
         _refuse_nested_values(table, raw, split, data_args, tags=multi_label)
     _warn_numeric_text(tables["train"], raw.origins["train"], data_args.text_column)
+    row_name = functools.partial(raw.row_name, "train")
     if multi_label:
-        row_name = functools.partial(raw.row_name, "train")
-        return True, tag_names(tables["train"], raw.origins["train"], data_args, row_name)
-    return False, resolve_label_names(tables["train"], raw.origins["train"], data_args)
+        return MULTI_LABEL, tag_names(tables["train"], raw.origins["train"], data_args, row_name)
+    if reads_numbers(data_args):
+        return str(data_args.task), rating_levels(tables["train"], raw.origins["train"], data_args, row_name)
+    label_names = resolve_label_names(tables["train"], raw.origins["train"], data_args)
+    if data_args.task == ORDINAL:  # ordered classes named by label_bins or class_names
+        check_level_count(label_names, raw.origins["train"], ORDINAL)
+    return data_args.task or SINGLE_LABEL, label_names
 
 
 def _refuse_absent_classes(train_counts: dict[str, int], origin: str) -> None:
@@ -221,7 +242,7 @@ def _refuse_absent_classes(train_counts: dict[str, int], origin: str) -> None:
 
 
 def load_labelled_file(
-    path: Path, data_args: DataArguments, label_names: list[str], unguard_csv: bool = True, multi_label: bool = False
+    path: Path, data_args: DataArguments, label_names: list[str], unguard_csv: bool = True, task: str = SINGLE_LABEL
 ) -> datasets.Dataset:
     """One labelled file as ``{"text", "labels"}`` rows, for scoring a trained model (bad rows dropped).
 
@@ -237,7 +258,7 @@ def load_labelled_file(
         label_names,
         scoring_a_run=True,
         unguard_csv=unguard_csv,
-        multi_label=multi_label,
+        task=task,
     )
     return rows.remove_columns("title")
 
@@ -250,7 +271,7 @@ def _read_labelled_file(
     label_names: list[str],
     scoring_a_run: bool = False,
     unguard_csv: bool = False,
-    multi_label: bool = False,
+    task: str = SINGLE_LABEL,
 ) -> datasets.Dataset:
     """One labelled file read as ``split``: ``{"text", "labels", "title"}`` rows, bad rows dropped and said.
 
@@ -265,8 +286,8 @@ def _read_labelled_file(
     if data_args.title_column and data_args.title_column not in table.column_names:
         data_args = dataclasses.replace(data_args, title_column=None)
     _check_columns(table, origin, data_args, scoring_a_run=scoring_a_run)
-    _refuse_nested_values(table, raw, split, data_args, tags=multi_label)
-    rows, dropped = _to_text_and_labels(table, raw, split, data_args, label_names, multi_label)
+    _refuse_nested_values(table, raw, split, data_args, tags=task == MULTI_LABEL)
+    rows, dropped = _to_text_and_labels(table, raw, split, data_args, label_names, task)
     if any(dropped.values()):
         counts = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n)
         print(f"{origin}: dropped {sum(dropped.values())} rows ({counts})", file=sys.stderr)
@@ -428,14 +449,17 @@ def _to_text_and_labels(
     split: str,
     data_args: DataArguments,
     label_names: list[str],
-    multi_label: bool = False,
+    task: str = SINGLE_LABEL,
 ) -> tuple[datasets.Dataset, dict[str, int]]:
-    """Clean rows with class ids (with ``multi_label``, rows of 0/1 per tag), and the rows dropped for each reason."""
+    """Clean rows with class ids (multi_label: rows of 0/1 per tag; ratings: level ids), and the drops per reason."""
     origin, first_row_number = raw.origins[split], raw.first_row_numbers.get(split, 0)
-    if multi_label:
+    if task == MULTI_LABEL:
         lists = holds_lists(table, data_args.label_column)
         converter: Any = _TagRowConverter(data_args, label_names, origin, first_row_number, lists)
         features = tag_features()
+    elif reads_numbers(data_args):
+        converter = _RatingRowConverter(data_args, label_names, origin, first_row_number)
+        features = _class_features(label_names)
     else:
         label_feature = table.features[data_args.label_column]
         converter = _RowConverter(
@@ -445,15 +469,7 @@ def _to_text_and_labels(
             first_row_number=first_row_number,
             source_label_names=list(label_feature.names) if isinstance(label_feature, datasets.ClassLabel) else None,
         )
-        features = datasets.Features(
-            {
-                "text": datasets.Value("string"),
-                # ClassLabel stores -1 as "no label", which is what a dropped row carries.
-                "labels": datasets.ClassLabel(names=label_names),
-                "problem": datasets.Value("string"),
-                "title": datasets.Value("string"),
-            }
-        )
+        features = _class_features(label_names)
     with progress_bars(len(table) >= ROWS_WORTH_A_BAR):
         mapped = table.map(
             converter,
@@ -478,6 +494,19 @@ def _to_text_and_labels(
             "label_column and label_bins"
         )
     return kept.remove_columns("problem"), {reason: counts.get(reason, 0) for reason in DROP_REASONS}
+
+
+def _class_features(label_names: list[str]) -> datasets.Features:
+    """The clean rows' columns with one class (or rating level) id per review."""
+    return datasets.Features(
+        {
+            "text": datasets.Value("string"),
+            # ClassLabel stores -1 as "no label", which is what a dropped row carries.
+            "labels": datasets.ClassLabel(names=label_names),
+            "problem": datasets.Value("string"),
+            "title": datasets.Value("string"),
+        }
+    )
 
 
 class _RowConverter:
@@ -607,6 +636,48 @@ class _TagRowConverter:
         return row
 
 
+class _RatingRowConverter:
+    """``_RowConverter`` for a ratings run: raw columns in, ``text``, ``labels`` (the level's index), ``problem`` out.
+
+    A class rather than a closure so ``datasets`` can hash it and cache the result.
+    """
+
+    def __init__(self, data_args: DataArguments, level_names: list[str], origin: str, first_row_number: int) -> None:
+        self.text_column = data_args.text_column
+        self.title_column = data_args.title_column
+        self.label_column = data_args.label_column
+        self.clean = data_args.clean_text
+        self.task = str(data_args.task)
+        self.level_ids = {name: index for index, name in enumerate(level_names)}
+        self.origin = origin
+        self.first_row_number = first_row_number
+        self.rules = CONVERSION_RULES  # in datasets' cache key, as for _RowConverter
+
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        titles = batch[self.title_column] if self.title_column else None
+        texts, titles = review_texts(batch[self.text_column], titles, self.clean)
+        out: dict[str, list] = {"text": texts, "labels": [], "problem": [], "title": titles}
+        for position, (text, raw) in enumerate(zip(texts, batch[self.label_column])):
+            where = f"{self.origin} row {indices[position] + self.first_row_number}"
+            value = rating_value(raw, where, self.label_column, self.task)
+            out["labels"].append(-1 if value is None else self._level(value, where))
+            out["problem"].append(EMPTY_TEXT if not text else MISSING_LABEL if value is None else "")
+        return out
+
+    def _level(self, value: float, where: str) -> int:
+        name = level_name(value)
+        if name not in self.level_ids:
+            raise FinetuneError(
+                f"{where}: rating {name} is not among the training reviews' ratings ({', '.join(self.level_ids)}); "
+                "fix the row, or add training reviews with that rating"
+            )
+        return self.level_ids[name]
+
+    def describe(self, problem: str, row: dict[str, Any]) -> str:
+        """The strict-mode message for a dropped row."""
+        return f"empty '{self.text_column}'" if problem == EMPTY_TEXT else f"no rating in '{self.label_column}'"
+
+
 def _boolean_labels(where: str, column: str) -> str:
     return (
         f"{where}: the labels in '{column}' are true/false, which are neither ratings nor class names; "
@@ -615,14 +686,12 @@ def _boolean_labels(where: str, column: str) -> str:
 
 
 def _extra_training_reviews(
-    path: Path, data_args: DataArguments, label_names: list[str], multi_label: bool = False
+    path: Path, data_args: DataArguments, label_names: list[str], task: str = SINGLE_LABEL
 ) -> datasets.Dataset:
     """``extra_train_file``'s rows as ``{"text", "labels", "title"}``, read like the train split (bad rows dropped)."""
     if not path.is_file():
         raise FinetuneError(f"extra_train_file not found: {path}; check the path, or drop extra_train_file")
-    return _read_labelled_file(
-        path, "train", f"extra_train_file {path}", data_args, label_names, multi_label=multi_label
-    )
+    return _read_labelled_file(path, "train", f"extra_train_file {path}", data_args, label_names, task=task)
 
 
 def _with_titles_as_reviews(train: datasets.Dataset) -> tuple[datasets.Dataset, int]:

@@ -223,15 +223,25 @@ def _run_tag_baseline(
 
 
 def compare(model_scores: dict[str, Any], baseline_scores: dict[str, Any]) -> dict[str, float]:
-    """Model minus baseline, in points of accuracy and macro-F1 (positive: the model is better)."""
+    """Model minus baseline, in points of accuracy and macro-F1 (positive: the model is better).
+
+    Ratings: MAE and RMSE too (negative: the model is better), off-by-one accuracy and weighted kappa.
+    """
     # With several tags per review, micro-F1 too (the headline there).
     metrics = ("micro_f1", "accuracy", "macro_f1") if "micro_f1" in model_scores else ("accuracy", "macro_f1")
+    if "mae" in model_scores and "mae" in baseline_scores:
+        metrics = ("mae", "rmse", "off_by_one_accuracy", "quadratic_weighted_kappa", *metrics)
     return {metric: round(float(model_scores[metric]) - float(baseline_scores[metric]), 4) for metric in metrics}
 
 
 def describe_comparison(model_scores: dict[str, Any], baseline_scores: dict[str, Any]) -> str:
     """``'baseline 0.747 / 0.467; this model +0.031 accuracy, +0.090 macro-F1'`` for a summary line."""
     difference = compare(model_scores, baseline_scores)
+    if "mae" in difference:
+        return (
+            f"baseline MAE {baseline_scores['mae']:.3f}, QWK {baseline_scores['quadratic_weighted_kappa']:.3f}; "
+            f"this model {difference['mae']:+.3f} MAE, {difference['quadratic_weighted_kappa']:+.3f} QWK"
+        )
     if "micro_f1" in difference:
         return (
             f"baseline micro-F1 {baseline_scores['micro_f1']:.3f}, macro-F1 {baseline_scores['macro_f1']:.3f}; "

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..config.tasks import MULTI_LABEL, ORDERED_TASKS, task_of_model
 from ..data.bad_text import describe_bad_text, first_bad_character
 from ..data.collation import PaddingCollator
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
@@ -19,6 +20,7 @@ from ..export.fallback import Int8WithFallback, read_fallback
 from ..export.onnxruntime import OnnxClassifier, is_onnx_folder, require_onnx_runtime
 from ..export.openvino import OpenVinoClassifier, is_openvino_folder, require_openvino
 from ..fast_path.first_tokens import reading_first_tokens
+from ..training.ordered_heads import rating_outputs
 from .length_batches import CPU_PASS_COST_TOKENS, length_batches
 
 # Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.
@@ -53,7 +55,7 @@ def require_inference_folder(model_dir: Path) -> None:
 
 
 def load_inference_model(
-    model_dir: Path, tags_read: bool = False, threshold: float | None = None
+    model_dir: Path, tags_read: bool = False, threshold: float | None = None, ratings_read: bool = False
 ) -> tuple[Any, PreTrainedTokenizerBase]:
     """The classifier in ``model_dir`` (PyTorch, or OpenVINO / ONNX Runtime for an int8 export) and its tokenizer.
 
@@ -63,16 +65,19 @@ def load_inference_model(
     its fp32 model (:mod:`.fallback`). A model with several tags per review is refused unless the
     caller reads tags (``tags_read``: ``predict``, ``serve``, ``export``); a tags export's fallback
     judges close calls at the caller's ``threshold`` for every tag, or else at the run's thresholds.
+    A star-rating model is refused unless the caller reads ratings (``ratings_read``).
     """
     from transformers import AutoTokenizer
 
-    from ..training.model_check import check_model_config, check_model_folder, refuse_tag_model
+    from ..training.model_check import check_model_config, check_model_folder, refuse_rating_model, refuse_tag_model
     from ..training.model_files import require_vocabulary
     from .tag_thresholds import is_tag_model, tag_thresholds
 
     require_inference_folder(model_dir)
     if not tags_read:
         refuse_tag_model(model_dir, "finetune distill and bench read")
+    if not ratings_read:
+        refuse_rating_model(model_dir, "finetune serve, export, distill and bench read")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     require_vocabulary(tokenizer, model_dir)
     if not is_exported_folder(model_dir):
@@ -119,6 +124,9 @@ def predict_probabilities(
 ) -> np.ndarray:
     """Softmax probabilities, one row per text, in the order given (a sigmoid per tag for a multi_label model).
 
+    A star-rating model gives :func:`~finetune.training.ordered_heads.rating_outputs` instead (an ordinal
+    model's P(rating > level k), a regression model's one output), for ``from_outputs`` to make stars of.
+
     Each text is encoded as ``encoding`` says (cut to ``max_length``, or with
     ``sliding_window`` as overlapping windows whose logits are averaged).
     Rows are sorted by length and, for a PyTorch model on a CPU, cut into
@@ -147,7 +155,10 @@ def predict_probabilities(
     np.add.at(summed, owners, logits)
     counts = np.bincount(owners, minlength=len(texts))[:, None]
     review_logits = torch.from_numpy(summed / counts)
-    if getattr(model.config, "problem_type", None) == "multi_label_classification":
+    task = task_of_model(model.config)
+    if task in ORDERED_TASKS:  # P(rating > level k) per output, or a regression's standardised rating
+        return rating_outputs(review_logits.numpy(), task).astype(np.float32)
+    if task == MULTI_LABEL:
         return torch.sigmoid(review_logits).numpy().astype(np.float32)  # each tag a yes/no of its own
     return torch.softmax(review_logits, dim=-1).numpy().astype(np.float32)
 

@@ -15,6 +15,8 @@ from typing import Any
 import evaluate
 import numpy as np
 
+from ..config.tasks import MULTI_LABEL, SINGLE_LABEL
+
 METRIC_MODULES = Path(__file__).parent / "metric_modules"
 # Past this many classes the confusion matrix is not kept, drawn nor tabled: 10,000 classes made a
 # 900 MB test_report.json, and the report's picture (a number in every cell) was killed for memory.
@@ -67,18 +69,18 @@ def scalar_metrics(report: dict[str, Any]) -> dict[str, float]:
     return flat
 
 
-def build_compute_metrics(label_names: list[str], multi_label: bool = False) -> Callable[[Any], dict[str, float]]:
+def build_compute_metrics(label_names: list[str], task: str = SINGLE_LABEL) -> Callable[[Any], dict[str, float]]:
     """A ``compute_metrics`` for ``Trainer``: argmax the logits, then score.
 
-    With ``multi_label`` a tag is predicted where its logit is above 0 (a sigmoid of 0.5, the thresholds being
-    tuned only after training), and the scores are micro- and macro-F1, subset accuracy, Hamming loss and each
-    tag's F1 (:mod:`.multi_label`).
+    In a ``multi_label`` run a tag is predicted where its logit is above 0 (a sigmoid of 0.5, the thresholds
+    being tuned only after training), and the scores are micro- and macro-F1, subset accuracy, Hamming loss
+    and each tag's F1 (:mod:`.multi_label`). A ratings run's is :func:`.ordered.build_rating_metrics`.
     """
 
     def compute_metrics(eval_prediction: Any) -> dict[str, float]:
         logits = eval_prediction.predictions
         logits = logits[0] if isinstance(logits, tuple) else logits
-        if multi_label:
+        if task == MULTI_LABEL:
             return _tag_metrics(np.asarray(logits) > 0, eval_prediction.label_ids, label_names)
         predictions = np.asarray(logits).argmax(axis=-1)
         return scalar_metrics(classification_report(predictions, eval_prediction.label_ids, label_names))

@@ -255,8 +255,10 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
         *_headline(test),
         "",
         *_interval_note(test),
+        *_read_as_stars(test),
         *_against_baseline(test, baseline),
-        f"| {'tag' if 'micro_f1' in test else 'class'} | precision | recall | F1 | F1 95% interval | test reviews |",
+        f"| {'tag' if 'micro_f1' in test else 'level' if 'mae' in test else 'class'} | precision | recall | F1 | "
+        "F1 95% interval | test reviews |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, support in zip(test["per_class"], _supports(test)):
@@ -288,6 +290,8 @@ def _results(test: dict[str, Any] | None, baseline: dict[str, Any] | None) -> li
 def _headline(test: dict[str, Any]) -> list[str]:
     """The test scores in a sentence: micro-F1 first for several tags per review, accuracy first for one label."""
     scores = f"macro-F1 **{test['macro_f1']:.3f}**{_interval(test, 'macro_f1')}"
+    if "mae" in test:
+        return _rating_headline(test, scores)
     if "micro_f1" not in test:
         accuracy = f"accuracy **{test['accuracy']:.3f}**{_interval(test, 'accuracy')}"
         return [f"{test['num_samples']} test reviews: {accuracy}, {scores}."]
@@ -295,6 +299,31 @@ def _headline(test: dict[str, Any]) -> list[str]:
         f"{test['num_samples']} test reviews, several tags each: micro-F1 **{test['micro_f1']:.3f}**"
         f"{_interval(test, 'micro_f1')}, {scores}, subset accuracy (every tag right) "
         f"**{test['accuracy']:.3f}**{_interval(test, 'accuracy')}, Hamming loss {test['hamming_loss']:.3f}."
+    ]
+
+
+def _read_as_stars(test: dict[str, Any]) -> list[str]:
+    """A classifier of star classes read as the ratings tasks are, so the three compare on one split."""
+    ordered = test.get("ordered")
+    if not ordered:
+        return []
+    return [
+        f"Read as stars: MAE {ordered['mae']:.3f}{_interval(ordered, 'mae')}, off-by-one accuracy "
+        f"{ordered['off_by_one_accuracy']:.3f}{_interval(ordered, 'off_by_one_accuracy')}, quadratic weighted "
+        f"kappa {ordered['quadratic_weighted_kappa']:.3f}{_interval(ordered, 'quadratic_weighted_kappa')} "
+        "(as `task: regression` and `task: ordinal` runs are scored).",
+        "",
+    ]
+
+
+def _rating_headline(test: dict[str, Any], scores: str) -> list[str]:
+    """A ratings run's test scores: how far off (in stars), then agreement, then the rounded stars' accuracy."""
+    return [
+        f"{test['num_samples']} test reviews, rated {test['task']}: MAE **{test['mae']:.3f}**{_interval(test, 'mae')} "
+        f"stars, RMSE {test['rmse']:.3f}{_interval(test, 'rmse')}, off-by-one accuracy "
+        f"**{test['off_by_one_accuracy']:.3f}**{_interval(test, 'off_by_one_accuracy')}, quadratic weighted kappa "
+        f"**{test['quadratic_weighted_kappa']:.3f}**{_interval(test, 'quadratic_weighted_kappa')}; "
+        f"rounded to a level, accuracy {test['accuracy']:.3f}{_interval(test, 'accuracy')} and {scores}."
     ]
 
 
@@ -428,7 +457,9 @@ def _against_baseline(test: dict[str, Any], baseline: dict[str, Any] | None) -> 
 def _score_table(*rows: tuple[str, dict[str, Any]]) -> list[str]:
     """Test scores side by side: accuracy and macro-F1, with micro-F1 first where there are several tags."""
     metrics = [("micro_f1", "micro-F1")] if "micro_f1" in rows[0][1] else []
-    metrics += [("accuracy", "subset accuracy" if metrics else "accuracy"), ("macro_f1", "macro-F1")]
+    if "mae" in rows[0][1]:
+        metrics = [("mae", "MAE"), ("off_by_one_accuracy", "off-by-one"), ("quadratic_weighted_kappa", "QWK")]
+    metrics += [("accuracy", "subset accuracy" if "micro_f1" in rows[0][1] else "accuracy"), ("macro_f1", "macro-F1")]
     signed = {"difference"}
     lines = [
         "| model | " + " | ".join(f"test {name}" for _, name in metrics) + " |",

@@ -26,10 +26,31 @@ def checked_arguments(recipe: str | None, overrides: list[str] | None, distillin
     if not distilling:
         check_not_distilling(run, overrides)
     check_integrations(args.report_to, args.use_liger_kernel)
+    _check_ratings_training(run)
     check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=args.resume_from_checkpoint is not None)
     if args.overwrite_output_dir and args.resume_from_checkpoint is None and holds_run(Path(args.output_dir)):
         check_base_model_kept(args.output_dir, run.model.model_name_or_path)
     return run
+
+
+def _check_ratings_training(run: Recipe) -> None:
+    """A ratings run's training fields: no class weights (no classes to weigh), a score that is one of its own."""
+    from ..config.tasks import ORDERED_TASKS
+
+    task, args = run.data.task, run.training
+    if args.regression_loss != "mse" and task != "regression":
+        given = f"task is {task}" if task else "no task is set"
+        raise FinetuneError(
+            f"regression_loss: {args.regression_loss} is for task: regression, and {given}; "
+            "set task: regression, or drop regression_loss"
+        )
+    if task not in ORDERED_TASKS:
+        return
+    if args.class_weighting != "none":
+        raise FinetuneError(
+            f"class_weighting weighs classes of a softmax, and this is a {task} run (ordered ratings); "
+            "set class_weighting: none"
+        )
 
 
 def held_output_dir(args: Any) -> contextlib.AbstractContextManager[Any]:
@@ -42,6 +63,7 @@ def held_output_dir(args: Any) -> contextlib.AbstractContextManager[Any]:
 
 def checked_start(run: Recipe) -> str | None:
     """The checkpoint to resume (or None), with the model and the checkpoint checked, in every process."""
+    from ..config.tasks import head_size
     from ..training.model_check import check_model_folder
     from ..training.modeling import check_base_model, check_classifier_head, load_tokenizer
 
@@ -52,7 +74,7 @@ def checked_start(run: Recipe) -> str | None:
         # Trainer loads a checkpoint's weights leniently: a missing head or layer would go on at random.
         check_model_folder(resume, tokenizer=load_tokenizer(run.model, run.data.truncation_side))
     if run.data.class_names:  # given by the recipe (or its label_bins): checked before any data is read
-        check_classifier_head(run.model, len(run.data.class_names))
+        check_classifier_head(run.model, head_size(run.data.task, len(run.data.class_names)))
     # Every process has checked the folder and the checkpoint before the main one changes anything.
     run.training.distributed_state.wait_for_everyone()
     return resume

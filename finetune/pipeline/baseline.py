@@ -6,6 +6,7 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..config.tasks import SINGLE_LABEL
 from ..data.columns import column_values
 
 if TYPE_CHECKING:
@@ -20,8 +21,9 @@ def start_baseline_beside(data: ReviewData, args: Any, beside_the_run: contextli
     from ..evaluation.baseline_process import runs_beside_training
 
     main_process = args.process_index == 0
-    # Tags (a multi_label run) are fitted inline: the baseline's process scores one label per review.
-    beside = beside_the_run is not None and not data.multi_label and runs_beside_training(args.device.type)
+    # Tags and ratings are fitted inline: the baseline's process scores one class per review.
+    one_class = data.task == SINGLE_LABEL
+    beside = beside_the_run is not None and one_class and runs_beside_training(args.device.type)
     if args.baseline and main_process and beside:
         return beside_the_run.enter_context(_start_baseline(data, args.seed))
     return None
@@ -53,12 +55,18 @@ def _baseline_inputs(data: ReviewData) -> tuple[Any, Any, dict[str, tuple[Any, A
 def _fit_baseline(data: ReviewData, seed: int) -> Any:
     """Fit the TF-IDF baseline on the train split, score it on validation and test, and say so."""
     from ..evaluation.baseline import run_baseline
+    from ..evaluation.rating_baseline import run_rating_baseline
 
     train_texts, train_labels, to_score = _baseline_inputs(data)
     try:
-        result = run_baseline(
-            train_texts, train_labels, to_score, data.label_names, seed=seed, multi_label=data.multi_label
-        )
+        if data.scale is not None:
+            result = run_rating_baseline(
+                train_texts, train_labels, to_score, data.label_names, data.scale, data.task, seed=seed
+            )
+        else:
+            result = run_baseline(
+                train_texts, train_labels, to_score, data.label_names, seed=seed, multi_label=data.multi_label
+            )
     except ValueError as error:
         _say_baseline_skipped(error)
         return None
@@ -96,10 +104,18 @@ def _say_baseline_skipped(error: ValueError) -> None:
 
 
 def _say_baseline(result: Any) -> None:
-    scores = ", ".join(
-        (f"{split} micro-F1 {score['micro_f1']:.3f}, " if "micro_f1" in score else f"{split} ")
-        + f"accuracy {score['accuracy']:.3f}, macro-F1 {score['macro_f1']:.3f}"
-        for split, score in result.scores.items()
-    )
+    scores = ", ".join(_split_scores(split, score) for split, score in result.scores.items())
     note = f"; {result.note}" if result.note else ""
-    print(f"baseline (TF-IDF + logistic regression, {result.fit_seconds:.1f}s): {scores}{note}", file=sys.stderr)
+    model = "ridge regression" if "ridge" in result.description else "logistic regression"
+    print(f"baseline (TF-IDF + {model}, {result.fit_seconds:.1f}s): {scores}{note}", file=sys.stderr)
+
+
+def _split_scores(split: str, score: dict[str, Any]) -> str:
+    """One split's baseline scores: MAE and kappa first for ratings, micro-F1 first for tags."""
+    if "mae" in score:
+        first = f"MAE {score['mae']:.3f}, QWK {score['quadratic_weighted_kappa']:.3f}, "
+    elif "micro_f1" in score:
+        first = f"micro-F1 {score['micro_f1']:.3f}, "
+    else:
+        first = ""
+    return f"{split} {first}accuracy {score['accuracy']:.3f}, macro-F1 {score['macro_f1']:.3f}"

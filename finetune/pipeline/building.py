@@ -10,25 +10,27 @@ from typing import TYPE_CHECKING, Any
 # Light next to what every train imports anyway (load_recipe's HfArgumentParser is transformers too).
 from transformers import TrainerCallback
 
+from ..config.tasks import SINGLE_LABEL
 from ..errors import FinetuneError
 
 if TYPE_CHECKING:
     from ..config.recipes import Recipe
+    from ..data.splits import ReviewData
     from ..evaluation.report import UpdateRecorder
     from ..training.interrupt import StopOnSignal
     from .reading import RunInputs
     from .request import RunRequest
 
 
-def build_model(run: Recipe, label_names: list[str], multi_label: bool = False) -> Any:
-    """The pretrained encoder with a new head for these classes (or tags), seeded first so the head's start repeats."""
+def build_model(run: Recipe, data: ReviewData) -> Any:
+    """The pretrained encoder with a new head for the data's classes (tags, levels), seeded so its start repeats."""
     from transformers import set_seed
 
     from ..training.modeling import load_classifier
 
     # Seeded first, so the head's random initialisation (and so the whole run) repeats with the seed.
     set_seed(run.training.seed)
-    return load_classifier(run.model, label_names, multi_label)
+    return load_classifier(run.model, data.label_names, data.task, data.scale)
 
 
 def build_trainer(
@@ -41,7 +43,6 @@ def build_trainer(
     """
     from transformers import DataCollatorWithPadding
 
-    from ..evaluation.metrics import build_compute_metrics
     from ..evaluation.report import UpdateRecorder
     from ..training.distillation import DistillationTrainer
     from ..training.interrupt import StopOnSignal
@@ -61,7 +62,7 @@ def build_trainer(
         eval_dataset=inputs.encoded.get("validation"),
         data_collator=DataCollatorWithPadding(inputs.tokenizer, pad_to_multiple_of=args.pad_to_multiple_of),
         processing_class=inputs.tokenizer,
-        compute_metrics=build_compute_metrics(inputs.data.label_names, inputs.data.multi_label),
+        compute_metrics=_compute_metrics(inputs.data),
         callbacks=[on_train_begin, update_recorder, stopper, *_early_stopping(args), *request.callbacks],
         **distill_kwargs,
     )
@@ -70,10 +71,11 @@ def build_trainer(
         # With tags, each weighs its own positive reviews against its negatives (BCE's pos_weight).
         kind = "tag weights (pos_weight)" if inputs.data.multi_label else "class weights"
         print(f"{kind}: {', '.join(f'{name} {weight:.3f}' for name, weight in pairs)}", file=sys.stderr)
-    if inputs.data.multi_label and (args.calibrate_temperature or request.distillation is not None):
+    if inputs.data.task != SINGLE_LABEL and (args.calibrate_temperature or request.distillation is not None):
+        what = "has several tags per review" if inputs.data.multi_label else "rates stars"
         raise FinetuneError(
             f"{'calibrate_temperature' if args.calibrate_temperature else 'finetune distill'} is for one label per "
-            "review (a softmax) for now, and this run has several tags per review; drop it for a multi_label run"
+            f"review (a softmax) for now, and this run {what}; drop it for a {inputs.data.task} run"
         )
     if args.calibrate_temperature and "validation" not in inputs.encoded:
         raise FinetuneError(
@@ -128,6 +130,20 @@ class _OnTrainBegin(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Run the action."""
         self.action()
+
+
+def _compute_metrics(data: ReviewData) -> Callable[[Any], dict[str, float]]:
+    """What each evaluation scores: the ordered scores of a ratings run, or the classes' (tags')."""
+    from ..data.ratings import star_levels
+    from ..evaluation.metrics import build_compute_metrics
+    from ..evaluation.ordered import build_rating_metrics, with_star_scores
+
+    if data.scale is not None:
+        return build_rating_metrics(data.task, data.scale)
+    classes = build_compute_metrics(data.label_names, data.task)
+    stars = star_levels(data.label_names) if data.task == SINGLE_LABEL else None
+    # Classes that are stars: their ordered scores too, so mae can pick the checkpoint as for ratings.
+    return classes if stars is None else with_star_scores(classes, stars)
 
 
 def _early_stopping(args: Any) -> list[Any]:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..config.tasks import ORDERED_TASKS
 from ..data.columns import column_values
 from ..errors import FinetuneError
 
@@ -77,6 +78,9 @@ def flags_without_recipe(flags: list[str]) -> list[str]:
 
     given = flag_names(flags)
     defaults, notes = best_model_defaults(flag_values(flags))
+    ratings_task = _value(flags, "task") in ORDERED_TASKS
+    if ratings_task:
+        _fit_defaults_to_ratings(defaults)
     added: dict[str, str] = {key: value for key, value in defaults.items() if key not in given}
     if "output_dir" not in given:
         added["output_dir"] = f"runs/{_run_name(flags)}"
@@ -91,7 +95,8 @@ def flags_without_recipe(flags: list[str]) -> list[str]:
         names = _train_tag_names(flags, flag_values(flags).get("label_separator"))
         if names:
             added["class_names"] = names
-    if not given & {"label_bins", "class_names"} and not tags:
+    # A ratings task reads the stars as numbers: no classes to bin them into.
+    if not given & {"label_bins", "class_names"} and not tags and not ratings_task:
         ratings = _rating_values(flags)
         if ratings is not None:
             # One class per rating keeps what the file says; the note offers the usual grouping.
@@ -100,6 +105,15 @@ def flags_without_recipe(flags: list[str]) -> list[str]:
     decided = [*flags, *(token for key, value in added.items() for token in (f"--{key}", *_tokens(value)))]
     _print_decisions(decided, added, notes)
     return decided
+
+
+def _fit_defaults_to_ratings(defaults: dict[str, str]) -> None:
+    """A regression or ordinal run's defaults: no class weights, and the best model the one nearest the stars."""
+    # Class weights weigh the classes of a softmax; a rating's loss has none.
+    defaults.pop("class_weighting", None)
+    if "metric_for_best_model" in defaults:
+        defaults["metric_for_best_model"] = "mae"
+        defaults["greater_is_better"] = "false"  # an error: the smaller, the better
 
 
 def best_model_defaults(given: dict[str, Any]) -> tuple[dict[str, str], list[str]]:

@@ -33,14 +33,17 @@ def read_data(run: Recipe, clock: RunClock, beside_the_run: contextlib.ExitStack
     The main process goes first, so the fetch and datasets caches are filled once. The baseline's process
     (None when it is not fitted beside the training) starts as soon as the splits are known.
     """
+    from ..config.tasks import REGRESSION, head_size
     from ..data.encoding import ReviewEncoding
+    from ..data.ratings import with_standardised_targets
     from ..data.splits import load_review_data, tokenize_splits
     from ..training.modeling import check_classifier_head, load_tokenizer
 
     args = run.training
     with args.main_process_first(desc="reading and tokenizing the data"):
         data = load_review_data(run.data, seed=args.seed)
-        check_classifier_head(run.model, len(data.label_names))  # the classes are known now, the model not loaded
+        # The classes are known now, the model not loaded.
+        check_classifier_head(run.model, head_size(data.task, len(data.label_names)))
         clock.lap("read")
         # Baseline: the obvious alternative, fit on the same train split, so every figure this run prints can
         # be read against it. Where cores are free (beside an accelerator, say) it is fitted in a process of
@@ -52,6 +55,8 @@ def read_data(run: Recipe, clock: RunClock, beside_the_run: contextlib.ExitStack
         clock.lap("load")
         encoding = ReviewEncoding.from_fields(asdict(run.data))
         encoded, truncated = tokenize_splits(data.splits, tokenizer, encoding)
+        if data.task == REGRESSION and data.scale is not None:
+            encoded = with_standardised_targets(encoded, data.scale)  # the rating, as the model learns it
         clock.lap("tokenize")
     data.report.count_truncated(truncated, encoding)
     if "validation" not in encoded and (args.eval_strategy != "no" or args.load_best_model_at_end):

@@ -197,15 +197,18 @@ def _write_summary(
     recipe: str | None, overrides: list[str], plan: RepeatPlan, runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """Every run's figures and their mean and sample standard deviation, written and printed; returns them."""
-    # A multi_label recipe's runs report micro-F1, its headline, which gets columns of its own.
+    # A multi_label recipe's runs report micro-F1, its headline, which gets columns of its own; star
+    # ratings (or classes that are stars) MAE and kappa too, beside the ridge's MAE.
     tags = any(_micro_columns(plan.scored_on)[0] in entry for entry in runs)
-    kind, columns = plan.kind, _columns(plan.scored_on, tags)
+    ordered = any(entry.get(_ORDERED_NAMES[0].format(plan.scored_on)) is not None for entry in runs)
+    kind, columns = plan.kind, _columns(plan.scored_on, tags, ordered)
     summary = {
         **({"task": "multi_label"} if tags else {}),
         "recipe": recipe,
         "overrides": overrides,
         f"{kind}s": [entry[kind] for entry in runs],
         "scored_on": plan.scored_on,
+        **({"ordered": True} if ordered else {}),
         "runs": runs,
         "mean": {name: _mean([entry[name] for entry in runs]) for name in columns},
         "sd": {name: _sd([entry[name] for entry in runs]) for name in columns},
@@ -303,7 +306,9 @@ def _holds_finished_report(output_dir: Path) -> bool:
 
 def format_summary(summary: dict[str, Any], kind: str) -> str:
     """A markdown table: one row per run, then mean and sample standard deviation."""
-    names = _columns(summary.get("scored_on", "test"), summary.get("task") == "multi_label")
+    names = _columns(
+        summary.get("scored_on", "test"), summary.get("task") == "multi_label", summary.get("ordered", False)
+    )
     lines = [f"| {kind} | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for entry in summary["runs"]:
         lines.append(f"| {entry[kind]} | " + " | ".join(_cell(entry[name], name) for name in names) + " |")
@@ -330,11 +335,17 @@ def _figure_sources(scored_on: str) -> dict[str, tuple[str, str]]:
     }
 
 
-def _columns(scored_on: str, tags: bool = False) -> list[str]:
-    """The table's columns: the scores, the leads, then the seconds (tags: micro-F1's three first)."""
+# A ratings run's (or a star classifier's) own figures: its MAE and kappa, and the ridge baseline's MAE.
+_ORDERED_NAMES = ("{} MAE", "{} QWK", "baseline MAE")
+
+
+def _columns(scored_on: str, tags: bool = False, ordered: bool = False) -> list[str]:
+    """The table's columns: the scores, the leads, then the seconds (first micro-F1's three for tags, MAE and
+    kappa for stars)."""
     scores = [name for name in _figure_sources(scored_on) if name != _SECONDS]
     micro = _micro_columns(scored_on) if tags else []
-    return [*micro, *scores, *_LEADS, _SECONDS]
+    stars = [name.format(scored_on) for name in _ORDERED_NAMES] if ordered else []
+    return [*stars, *micro, *scores, *_LEADS, _SECONDS]
 
 
 def _micro_columns(scored_on: str) -> list[str]:
@@ -350,6 +361,7 @@ def _figures(metrics: dict[str, Any], scored_on: str) -> dict[str, Any]:
         "train": metrics,
     }
     figures = {name: sources[source].get(key) for name, (source, key) in _figure_sources(scored_on).items()}
+    figures.update(_ordered_figures(sources, scored_on))
     compared = ((f"{scored_on} accuracy", "baseline accuracy"), (f"{scored_on} macro-F1", "baseline macro-F1"))
     for name, (model, baseline) in zip(_LEADS, compared):
         known = figures[model] is not None and figures[baseline] is not None
@@ -359,6 +371,16 @@ def _figures(metrics: dict[str, Any], scored_on: str) -> dict[str, Any]:
         lead = micro - baseline_micro if baseline_micro is not None else None
         figures.update(zip(_micro_columns(scored_on), (micro, baseline_micro, lead)))
     return figures
+
+
+def _ordered_figures(sources: dict[str, dict[str, Any]], scored_on: str) -> dict[str, Any]:
+    """A ratings run's MAE and kappa (a star classifier's, read as stars) and the ridge's MAE; none for classes."""
+    test = sources["test"].get("ordered") or sources["test"]
+    if test.get("mae") is None:
+        return {}
+    baseline = sources["baseline_test"]
+    values = (test["mae"], test.get("quadratic_weighted_kappa"), baseline.get("mae"))
+    return {name.format(scored_on): value for name, value in zip(_ORDERED_NAMES, values)}
 
 
 def _mean(values: list[float | None]) -> float | None:

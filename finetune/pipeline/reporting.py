@@ -54,6 +54,8 @@ def print_summary(output_dir: str, metrics: dict[str, Any]) -> None:
         test = metrics["test"]
         # Several tags per review: micro-F1 first, and accuracy is the whole set of tags right.
         headline = f"micro-F1 {test['micro_f1']:.3f}, subset " if "micro_f1" in test else ""
+        if "mae" in test:  # ratings: how far off first, then the rounded stars' accuracy
+            headline = f"MAE {test['mae']:.3f}, QWK {test['quadratic_weighted_kappa']:.3f}, "
         line += (
             f"; test {headline}accuracy {test['accuracy']:.3f}, macro-F1 {test['macro_f1']:.3f} "
             f"({test['num_samples']} reviews)"

@@ -84,7 +84,7 @@ def train_checked(
         clock.lap("baseline")
 
     # Model and Trainer, then train: the final model saved whole, calibrated first if asked.
-    model = build_model(run, inputs.data.label_names, inputs.data.multi_label)
+    model = build_model(run, inputs.data)
     clock.lap("load")
     trainer, update_recorder, stopper = build_trainer(request, run, inputs, model, resume)
     clock.lap("other")  # building the Trainer

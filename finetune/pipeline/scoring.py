@@ -17,14 +17,18 @@ if TYPE_CHECKING:
 
 def score_test(trainer: Any, inputs: RunInputs) -> dict[str, Any] | None:
     """The test split's report with bootstrap intervals, saved as ``test_report.json``; None without a test split."""
+    from ..data.ratings import star_levels
     from ..evaluation.bootstrap import score_intervals
     from ..evaluation.inference import predict_probabilities
     from ..evaluation.metrics import classification_report
+    from ..evaluation.ordered import ordered_reading
 
     if "test" not in inputs.encoded:
         return None
     if inputs.data.multi_label:
         return _score_tags(trainer, inputs)
+    if inputs.data.scale is not None:
+        return _score_ratings(trainer, inputs)
     args, label_names = trainer.args, inputs.data.label_names
     if inputs.encoding.sliding_window:
         # Long reviews read in overlapping windows, as evaluate and predict will read them.
@@ -41,9 +45,35 @@ def score_test(trainer: Any, inputs: RunInputs) -> dict[str, Any] | None:
         predicted, references = prediction.predictions.argmax(-1), prediction.label_ids
     report = classification_report(predicted, references, label_names)
     report["intervals"] = score_intervals(predicted, references, label_names)
+    stars = star_levels(label_names)
+    if stars is not None:
+        # Classes that are stars: their ordered scores too, so a classifier compares with the ratings tasks.
+        report["ordered"] = ordered_reading(predicted, references, label_names, stars)
     trainer.save_metrics("test", {"test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"]})
     if trainer.is_world_process_zero():
         write_output_text(Path(args.output_dir, "test_report.json"), json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _score_ratings(trainer: Any, inputs: RunInputs) -> dict[str, Any]:
+    """A regression or ordinal run's test report: outputs decoded to stars, then the ordered scores."""
+    import numpy as np
+
+    from ..evaluation.ordered import ordered_report
+    from ..training.ordered_heads import decode
+
+    data = inputs.data
+    prediction = trainer.predict(inputs.encoded["test"], metric_key_prefix="test")
+    logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+    predicted_ratings, predicted_levels = decode(logits, data.task, data.scale)
+    # The true levels as read, in the test split's order (trainer.predict keeps it): a regression run's
+    # labels were standardised for training.
+    true_levels = np.asarray(column_values(data.splits["test"], "labels"), dtype=np.int64)
+    true_ratings = np.asarray(data.scale.levels)[true_levels]
+    report = ordered_report(true_ratings, predicted_ratings, true_levels, predicted_levels, data.label_names, data.task)
+    trainer.save_metrics("test", {f"test_{name}": report[name] for name in ("mae", "quadratic_weighted_kappa")})
+    if trainer.is_world_process_zero():
+        write_output_text(Path(trainer.args.output_dir, "test_report.json"), json.dumps(report, indent=2) + "\n")
     return report
 
 

@@ -40,7 +40,7 @@ class TeacherRun:
     def open(cls, path: str) -> TeacherRun:
         """Check that ``path`` holds a trained run whose PyTorch model works, and read what distillation needs."""
         from ..evaluation.inference import is_exported_folder
-        from ..training.model_check import check_model_folder, refuse_tag_model
+        from ..training.model_check import check_model_folder, refuse_rating_model, refuse_tag_model
         from ..training.runs import RUN_CONFIG, find_run_config, require_model_folder
 
         folder = Path(path)
@@ -61,6 +61,7 @@ class TeacherRun:
         refuse_tag_model(
             folder, "finetune distill reads", "train a small model on the tags themselves with finetune train"
         )
+        refuse_rating_model(folder, "finetune distill reads")
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         id2label = config.get("id2label") or {}
         class_names = [id2label[str(index)] for index in range(len(id2label))] if id2label else []

@@ -47,6 +47,7 @@ def loss_items(
     shifts_labels: bool = False,
     class_weights: torch.Tensor | None = None,
     tags_per_review: bool = False,
+    ordinal_outputs: int | None = None,
 ) -> float | torch.Tensor:
     """What a micro-batch's loss averages over, counted: the unit in which a window's loss is shared out.
 
@@ -60,6 +61,9 @@ def loss_items(
     - **Float labels** (a rating), or rows of tags (``tags_per_review``,
       several tags per review, whatever their dtype): one per review, since
       such a loss is a mean per review.
+    - **Ordinal levels** (``ordinal_outputs``, CORN's K-1 outputs): the
+      (review, output) pairs its loss averages over, ``min(level + 1, K - 1)``
+      per labelled review (:mod:`.ordered_heads`).
     - **No labels**: one per row of the batch's first tensor.
 
     These are the counts stock ``Trainer`` passes as ``num_items_in_batch``
@@ -79,6 +83,8 @@ def loss_items(
     if labels.is_floating_point() or tags_per_review:
         return float(labels.shape[0])
     counted = labels != IGNORED_LABEL
+    if ordinal_outputs is not None:
+        return torch.where(counted, (labels + 1).clamp(max=ordinal_outputs), 0).sum()
     if class_weights is None:
         return counted.sum()
     return torch.where(counted, class_weights[torch.where(counted, labels, 0)], 0.0).double().sum()

@@ -19,8 +19,10 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..config.tasks import ORDERED_TASKS, task_of_model
 from ..errors import FinetuneError, first_line
 from .model_files import read_json_object
+from .ordered_heads import head_labels
 from .runs import find_run_config, recorded_class_names, require_model_folder
 
 # The forward pass that shows a model answers with numbers: short, so the check stays cheap.
@@ -53,6 +55,24 @@ def refuse_tag_model(folder: str | Path, readers: str, fix: str | None = None) -
                 or "score it with transformers.pipeline('text-classification', model=FOLDER, top_k=None) and the "
                 "thresholds in its tag_thresholds.json, or label reviews with finetune predict"
             )
+        )
+
+
+def refuse_rating_model(folder: str | Path, readers: str) -> None:
+    """Refuse a star-rating model (a regression or ordinal run) where ``readers`` read a softmax over classes.
+
+    ``readers`` names them with their verb, e.g. ``"finetune evaluate, serve and export read"``.
+    """
+    config_path = Path(folder) / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the folder's own checks say what is wrong with it
+    task = task_of_model(config) if isinstance(config, dict) else None
+    if task in ORDERED_TASKS:
+        raise FinetuneError(
+            f"{folder} holds a star-rating model (a {task} run), and {readers} one class per review for now; "
+            "rate reviews with finetune predict (its config.json's rating_decoding says how outputs become stars)"
         )
 
 
@@ -95,6 +115,9 @@ def check_model_config(path: str | Path, expected_class_names: list[str] | None 
     if expected_class_names is None:
         expected_class_names = recorded_class_names(find_run_config(folder) or {})
     if expected_class_names is not None:
+        task = task_of_model(config)
+        if task in ORDERED_TASKS:  # the run recorded its rating levels; the head names its outputs after them
+            expected_class_names = list(head_labels(task, list(expected_class_names)).values())
         _refuse_other_classes(folder, config, list(expected_class_names))
 
 

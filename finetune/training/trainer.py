@@ -72,6 +72,7 @@ from transformers.training_args import OptimizerNames
 from transformers.utils import logging
 
 from ..config.arguments import validate_accumulation_steps
+from ..config.tasks import MULTI_LABEL, ORDERED_TASKS, ORDINAL, task_of_model
 from ..data.class_weights import (
     class_weights_for,
     positive_weights_for,
@@ -100,6 +101,7 @@ from .device_copies import to_device_without_waiting
 from .distributed import SeedableLengthGroupedSampler, stand_in_batch, with_empty_shares
 from .layers import encoder_parameters, freeze_lower_layers, layerwise_parameter_groups
 from .micro_batches import cut_window, keep_features
+from .ordered_heads import corn_loss, regression_loss
 from .progress import EpochProgressBar, EvaluationProgressCallback
 from .sorted_evaluation import LengthSortedSampler, in_dataset_order, prediction_in_dataset_order, sorted_order
 
@@ -125,7 +127,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
     weighted mean over all its reviews, as for one full batch. A model with
     ``problem_type="multi_label_classification"`` (several tags per review) is
     trained with binary cross-entropy per tag, and the weights are each tag's
-    ``pos_weight`` (``balanced``: its negatives over its positives).
+    ``pos_weight`` (``balanced``: its negatives over its positives). A rating
+    model (``regression``, ``ordinal``) is trained with its own loss
+    (:mod:`.ordered_heads`), counted in its own items (``loss_items``).
 
     On N processes (DDP through ``torchrun`` or ``accelerate launch``) with
     micro-batch b it makes the same updates as one process with N x b;
@@ -149,8 +153,14 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self.seconds_in = {"evaluation": 0.0, "checkpoint_saves": 0.0}
         # Several tags per review: a sigmoid and binary cross-entropy per tag, and class weights are per-tag
         # pos_weight (transformers' own problem_type, so the saved folder loads and scores as stock).
-        self.multi_label = getattr(self.model.config, "problem_type", None) == "multi_label_classification"
+        self.task = task_of_model(self.model.config)
+        self.multi_label = self.task == MULTI_LABEL
         strategy = getattr(self.args, "class_weighting", "none")
+        if strategy != "none" and self.task in ORDERED_TASKS:
+            raise FinetuneError(
+                f"class_weighting weighs classes of a softmax, and this is a {self.task} run (ordered ratings); "
+                "set class_weighting: none"
+            )
         if class_weights is None and strategy != "none":
             # Only then is the train split read: an evaluation-only or iterable dataset has no labels column.
             num_labels = self.model.config.num_labels
@@ -764,6 +774,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
 
         With several tags per review the weights are each tag's ``pos_weight`` in binary cross-entropy.
         """
+        if self.task in ORDERED_TASKS and "labels" in inputs:
+            return self._rating_loss(model, inputs)
         if self.class_weights is None or "labels" not in inputs:
             # No num_items_in_batch for Trainer: it would pass it to the model, whose loss may ignore it
             # (BERT classifiers'), and multiply the loss by the number of processes.
@@ -787,6 +799,17 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             label_smoothing=self.args.label_smoothing_factor,
         )
         return loss, outputs
+
+    def _rating_loss(self, model: nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """A ratings run's mean loss (:mod:`.ordered_heads`): MSE or Huber per review, or CORN's per pair."""
+        inputs = dict(inputs)
+        # Popped, never given to the model: with labels BERT's forward would compute (and name) a loss of its own.
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        if self.task == ORDINAL:
+            return corn_loss(logits, labels), outputs
+        return regression_loss(logits, labels, getattr(self.args, "regression_loss", "mse")), outputs
 
     def _user_loss(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any) -> tuple[torch.Tensor, Any]:
         """A ``compute_loss_func``'s loss: given the window's items if it takes them, else its mean weighted here."""
@@ -967,7 +990,8 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         weighted = self.class_weights is not None and labels is not None
         class_weights = self._class_weights_on(labels.device) if weighted else None
         shifts_labels = getattr(self, "_loss_shifts_labels", False)
-        return loss_items(inputs, shifts_labels, class_weights, tags_per_review=self.multi_label)
+        ordinal_outputs = self.model.config.num_labels if self.task == ORDINAL else None
+        return loss_items(inputs, shifts_labels, class_weights, self.multi_label, ordinal_outputs)
 
     def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device) -> float | torch.Tensor | None:
         """The items of the batches in ``batch_samples`` on this process (``loss_items``), or None without labels.
