@@ -342,7 +342,8 @@ def test_serve_export_and_distill_refuse_a_ratings_run_in_one_line(regression_ru
     from finetune.evaluation.inference import load_inference_model
     from finetune.pipeline.teacher import TeacherRun
 
-    with pytest.raises(FinetuneError, match=r"holds a star-rating model \(a regression run\), and finetune evaluate, "):
+    serve_refusal = r"star-rating model \(a regression run\), and finetune serve, export, distill and bench read"
+    with pytest.raises(FinetuneError, match=serve_refusal):
         load_inference_model(regression_run)  # what serve and export load with
     with pytest.raises(FinetuneError, match=r"star-rating model \(a regression run\), and finetune distill reads"):
         TeacherRun.open(str(regression_run))

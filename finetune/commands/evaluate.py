@@ -44,15 +44,11 @@ def evaluate(
     cells that a spreadsheet would run as a formula are written after a ``'``, and
     a ``data`` CSV loses that ``'`` (:mod:`finetune.config.csv_cells`), unless ``raw_csv``.
 
-    For a run folder every ``checkpoint-*`` is scored as well as the final
-    model, and the best by macro-F1 is marked (micro-F1 for a multi_label run:
-    :mod:`.evaluate_tags`; MAE for a ratings run). The data is the run's ``split`` unless ``data`` names
-    a file with its columns. With ``baseline`` (and the run's train split at hand)
-    the TF-IDF baseline, fit on that split, is added as a last row.
-
-    Several paths compare runs: each run's own model (the one training kept,
-    the best by validation with ``load_best_model_at_end``) on the first run's
-    data, one table and one picture, written to ``<first run>/comparison/``.
+    A run folder's every ``checkpoint-*`` is scored with the final model, the best by macro-F1 marked
+    (micro-F1 for tags: :mod:`.evaluate_tags`; MAE for ratings), on the run's ``split`` or a ``data``
+    file with its columns; with ``baseline`` the TF-IDF baseline fit on the run's train split is a last
+    row. Several paths compare runs: each run's own model on the first run's data, written to
+    ``<first run>/comparison/``.
     """
     paths = [path] if isinstance(path, str) else list(path)
     if holds_ratings(Path(paths[0])):  # in stars: evaluation/rating_checkpoints.py

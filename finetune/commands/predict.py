@@ -53,11 +53,9 @@ def predict(
     CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL; with tags,
     the words behind each tag given (``"tag: word (score) | tag: ..."``, an object of lists).
 
-    A star-rating run writes ``label`` (the level) and ``rating`` (``_Stars``).
-    A multi_label run (several tags per review) writes ``labels`` instead: the
-    tags whose probability reaches their threshold (``tag_thresholds.json``, or
-    ``threshold`` for every tag), joined by the run's ``label_separator`` (``|``)
-    in CSV and TSV, a list in JSONL; and one ``prob_<tag>`` column per tag.
+    A star-rating run writes ``label`` (the level) and ``rating`` (``_Stars``). A multi_label run writes
+    ``labels``: the tags reaching their threshold (``tag_thresholds.json``, or ``threshold`` for all),
+    joined by the run's ``label_separator`` (``|``) in CSV and TSV, a list in JSONL; and ``prob_<tag>``s.
 
     CSV and TSV cells that a spreadsheet would run as a formula are written
     after a ``'``, and a CSV or TSV input loses that ``'`` again

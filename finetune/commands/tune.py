@@ -173,13 +173,13 @@ def _trials_trainer(run: Any, trainer_inputs: tuple[Any, Any, Any], callbacks: l
     data, tokenizer, encoded = trainer_inputs
     return ReviewTrainer(
         # A multi_label recipe's trials train and score tags (a sigmoid each), as its run would.
-        model_init=lambda trial: load_classifier(run.model, data.label_names, data.multi_label),
+        model_init=lambda trial: load_classifier(run.model, data.label_names, data.task, data.scale),
         args=run.training,
         train_dataset=encoded["train"],
         eval_dataset=encoded["validation"],
         data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=run.training.pad_to_multiple_of),
         processing_class=tokenizer,
-        compute_metrics=build_compute_metrics(data.label_names, data.multi_label),
+        compute_metrics=build_compute_metrics(data.label_names, data.task),
         callbacks=callbacks,
     )
 
