@@ -180,9 +180,9 @@ def _models_to_score(paths: list[str], calibrate: bool, ratings: bool = False) -
 
 def _tag_models(models: list[Path], calibrate: bool) -> bool:
     """Whether the models hold several tags per review (all do); a mix of kinds, or calibrating tags, is refused."""
-    from ..evaluation.tag_thresholds import is_tag_folder
+    from ..config.tasks import MULTI_LABEL, task_of_folder
 
-    kinds = {model_dir: is_tag_folder(model_dir) for model_dir in models}
+    kinds = {model_dir: task_of_folder(model_dir) == MULTI_LABEL for model_dir in models}
     if len(set(kinds.values())) > 1:
         tagged = ", ".join(str(model_dir) for model_dir, tags in kinds.items() if tags)
         raise FinetuneError(

@@ -9,6 +9,8 @@ tasks transformers has no name for (ordinal).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 SINGLE_LABEL = "single_label"
@@ -36,6 +38,18 @@ def task_of_model(config: Any) -> str:
     if problem_type == "regression":
         return REGRESSION
     return SINGLE_LABEL
+
+
+def task_of_folder(folder: str | Path) -> str | None:
+    """The task of the model saved in ``folder`` (its config.json); None without a readable config.
+
+    None leaves the folder's own checks to say what is wrong with it.
+    """
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return task_of_model(config) if isinstance(config, dict) else None
 
 
 def head_size(task: str | None, label_count: int) -> int:

@@ -21,16 +21,12 @@ from ..errors import FinetuneError
 
 def holds_ratings(path: Path) -> bool:
     """Whether ``path`` (a model or run folder; else its first checkpoint) holds a star-rating model."""
-    from ..config.tasks import ORDERED_TASKS, task_of_model
+    from ..config.tasks import ORDERED_TASKS, task_of_folder
     from ..training.runs import checkpoints
 
     for folder in [path, *checkpoints(path)[:1]]:
-        config = folder / "config.json"
-        if config.is_file():
-            try:
-                return task_of_model(json.loads(config.read_text(encoding="utf-8"))) in ORDERED_TASKS
-            except (OSError, ValueError):
-                return False  # the folder's own checks say what is wrong with it
+        if (folder / "config.json").is_file():
+            return task_of_folder(folder) in ORDERED_TASKS  # an unreadable config: the folder's checks say so
     return False
 
 

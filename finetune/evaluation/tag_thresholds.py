@@ -27,15 +27,6 @@ def is_tag_model(model: Any) -> bool:
     return getattr(model.config, "problem_type", None) == "multi_label_classification"
 
 
-def is_tag_folder(model_dir: Path) -> bool:
-    """Whether a model folder holds a multi_label model (its config's ``problem_type``); False without a config."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("problem_type") == "multi_label_classification"
-
-
 def check_threshold(threshold: float | None) -> None:
     """Refuse a ``--threshold`` outside (0, 1): at 0 every tag is given, at 1 none."""
     if threshold is None:

@@ -12,14 +12,13 @@ and returns the model it loaded so the caller need not load it again.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config.tasks import ORDERED_TASKS, task_of_model
+from ..config.tasks import MULTI_LABEL, ORDERED_TASKS, task_of_folder, task_of_model
 from ..errors import FinetuneError, first_line
 from .model_files import read_json_object
 from .ordered_heads import head_labels
@@ -41,12 +40,7 @@ def refuse_tag_model(folder: str | Path, readers: str, fix: str | None = None) -
     sigmoid per tag; the commands that read runs (predict, evaluate, serve,
     export, distill) read a softmax over classes, and would give one tag per review.
     """
-    config_path = Path(folder) / "config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # no config, or one that is no JSON: the folder's own checks say what is wrong with it
-    if isinstance(config, dict) and config.get("problem_type") == "multi_label_classification":
+    if task_of_folder(folder) == MULTI_LABEL:
         raise FinetuneError(
             f"{folder} holds a model with several tags per review (a multi_label run), and {readers} one label "
             "per review for now; "
@@ -63,12 +57,7 @@ def refuse_rating_model(folder: str | Path, readers: str) -> None:
 
     ``readers`` names them with their verb, e.g. ``"finetune evaluate, serve and export read"``.
     """
-    config_path = Path(folder) / "config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # the folder's own checks say what is wrong with it
-    task = task_of_model(config) if isinstance(config, dict) else None
+    task = task_of_folder(folder)
     if task in ORDERED_TASKS:
         raise FinetuneError(
             f"{folder} holds a star-rating model (a {task} run), and {readers} one class per review for now; "
