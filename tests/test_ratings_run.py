@@ -290,7 +290,8 @@ def test_evaluate_scores_every_checkpoint_in_stars_and_marks_the_lowest_mae(ordi
 
 
 def test_compare_tasks_trains_the_three_on_one_split_and_tables_them(tmp_path, tiny_model_dir, capsys):
-    recipe = rating_recipe(tmp_path, tiny_model_dir, num_train_epochs=2)
+    # The recipe names its own ratings task: the comparison replaces it run by run.
+    recipe = rating_recipe(tmp_path, tiny_model_dir, num_train_epochs=2, task="ordinal")
     assert main(["compare-tasks", str(recipe)]) == 0
     assert "| task | MAE | RMSE | off-by-one | QWK | accuracy | macro-F1 |" in capsys.readouterr().out
     summary = read_json(tmp_path / "run" / "tasks.json")
@@ -306,11 +307,24 @@ def test_compare_tasks_trains_the_three_on_one_split_and_tables_them(tmp_path, t
     # The classifier's best checkpoint was chosen by validation MAE too.
     state = read_json(tmp_path / "run" / "single_label" / "trainer_state.json")
     assert state["best_metric"] == min(entry["eval_mae"] for entry in state["log_history"] if "eval_mae" in entry)
+    tasks = {task: read_json(tmp_path / "run" / task / "config.json").get("finetune_task") for task in reports}
+    assert tasks["regression"] == "regression" and tasks["ordinal"] == "ordinal"
+    classes = read_json(tmp_path / "run" / "single_label" / "config.json")
+    assert classes.get("problem_type") == "single_label_classification"
 
 
-def test_compare_tasks_refuses_a_recipe_that_fixes_the_task(tmp_path, tiny_model_dir, capsys):
-    message = run_cli(["compare-tasks", rating_recipe(tmp_path, tiny_model_dir, task="ordinal")], capsys)
-    assert "compare-tasks sets the task and reads the stars as numbers itself, and the recipe sets task" in message
+@pytest.mark.parametrize(
+    ("fields", "flags", "named"),
+    [
+        ({"task": "single_label"}, [], "task"),
+        ({"label_bins": "low=1-2,high=3-5"}, [], "label_bins"),
+        ({"task": "ordinal"}, ["--task", "multi_label"], "task"),
+    ],
+)
+def test_compare_tasks_refuses_a_recipe_that_fixes_classes(tmp_path, tiny_model_dir, capsys, fields, flags, named):
+    message = run_cli(["compare-tasks", rating_recipe(tmp_path, tiny_model_dir, **fields), *flags], capsys)
+    assert f"compare-tasks sets the task and reads the stars as numbers itself, and the recipe sets {named} " in message
+    assert not (tmp_path / "run").exists()
 
 
 def test_ordinal_levels_may_be_named_bins_in_their_order(tmp_path):

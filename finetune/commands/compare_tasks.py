@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.output_files import write_output_text
-from ..config.tasks import ORDINAL, REGRESSION, SINGLE_LABEL
+from ..config.tasks import ORDERED_TASKS, ORDINAL, REGRESSION, SINGLE_LABEL
 from ..errors import FinetuneError
 
 TASKS = (SINGLE_LABEL, REGRESSION, ORDINAL)
@@ -65,22 +65,39 @@ def _checked(recipe: str | None, overrides: list[str]) -> tuple[Path, list[str]]
     from ..config.recipes import flag_names, load_recipe, read_recipe_file
     from ..data.splits import load_review_data
 
-    named = (set(read_recipe_file(recipe)) if recipe else set()) | flag_names(overrides)
-    fixed = sorted(named & {"task", "label_bins", "class_names"})
+    values = read_recipe_file(recipe) if recipe else {}
+    named = set(values) | flag_names(overrides)
+    # A ratings recipe names its own task (regression or ordinal); the comparison replaces it run by run.
+    # Classes or tags fix what a label is, which the comparison cannot undo.
+    fixed = sorted(named & {"label_bins", "class_names"})
+    if values.get("task", REGRESSION) not in ORDERED_TASKS or _flagged_task(overrides) not in (None, *ORDERED_TASKS):
+        fixed = sorted({*fixed, "task"})
     if fixed:
         raise FinetuneError(
             f"compare-tasks sets the task and reads the stars as numbers itself, and the recipe sets "
-            f"{', '.join(fixed)}; drop {' and '.join(fixed)} for the comparison"
+            f"{', '.join(fixed)} to classes or tags; drop {' and '.join(fixed)} for the comparison"
         )
     run = load_recipe(recipe, [*overrides, "--task", REGRESSION])
     data = load_review_data(run.data, seed=run.training.seed)  # refuses a column that is no ratings
     return Path(run.training.output_dir), data.label_names
 
 
+def _flagged_task(overrides: list[str]) -> str | None:
+    """The task the flags name (``--task X`` or ``--task=X``), the last one winning as in every run; None without."""
+    task = None
+    for index, token in enumerate(overrides):
+        if token.startswith("--task="):
+            task = token.partition("=")[2]
+        elif token == "--task" and index + 1 < len(overrides):
+            task = overrides[index + 1]
+    return task
+
+
 def _task_flags(task: str, level_names: list[str]) -> list[str]:
     """What makes a run of ``task``: the stars as classes, or the task and no class weights (a rating has none)."""
     if task == SINGLE_LABEL:
-        return ["--label_bins", ",".join(f"{name}={name}" for name in level_names)]
+        # The task named too: a ratings recipe's own task would otherwise stay.
+        return ["--task", SINGLE_LABEL, "--label_bins", ",".join(f"{name}={name}" for name in level_names)]
     return ["--task", task, "--class_weighting", "none"]
 
 
