@@ -267,55 +267,41 @@ class _Tags:
 
 @dataclass
 class _Stars:
-    """How a star-rating run's reviews are rated: its task, its levels and the scale its outputs map back by.
+    """How a star-rating run's reviews are written: the columns of :class:`~finetune.training.ordered_heads.StarReader`.
 
     ``rating`` is a regression's output mapped back and clipped to the levels' range (``label`` the nearest
     level), or an ordinal run's level; an ordinal run adds ``prob_above_<level>``, P(rating > level), per output.
     """
 
-    task: str
-    scale: Any  # a RatingScale
-    level_names: list[str]
+    reader: Any  # a StarReader
 
     @classmethod
     def of(cls, model: Any, reading: _Reading) -> _Stars | None:
         """The stars of a regression or ordinal model (None for another); refuses ``--explain`` with them."""
-        from ..config.tasks import ORDERED_TASKS, task_of_model
-        from ..data.ratings import RatingScale, level_name
+        from ..training.ordered_heads import StarReader
 
-        task = task_of_model(model.config)
-        if task not in ORDERED_TASKS:
+        reader = StarReader.of_config(model.config, reading.model_dir)
+        if reader is None:
             return None
         if reading.explain:
             raise FinetuneError(
-                f"--explain gives the words behind a class's probability, and this run rates stars ({task}); "
+                f"--explain gives the words behind a class's probability, and this run rates stars ({reader.task}); "
                 "drop --explain"
             )
-        scale = RatingScale.from_config(model.config)
-        if scale is None:
-            raise FinetuneError(
-                f"{reading.model_dir / 'config.json'} has no rating_levels, which a {task} model is read by; "
-                "restore config.json from a copy of the run or one of its checkpoint-* folders"
-            )
-        names = getattr(model.config, "rating_level_names", None) or [level_name(value) for value in scale.levels]
-        return cls(task, scale, list(names))
+        return cls(reader)
 
     def result(self, outputs: Any) -> dict[str, Any]:
         """A review's level and rating (and for ordinal, each P(rating > level))."""
-        from ..config.tasks import ORDINAL
-        from ..training.ordered_heads import from_outputs
-
-        ratings, levels = from_outputs(outputs[None, :], self.task, self.scale)
-        result: dict[str, Any] = {"label": self.level_names[int(levels[0])], "rating": round(float(ratings[0]), 4)}
-        if self.task == ORDINAL:
-            result.update({f"prob_above_{name}": round(float(p), 6) for name, p in zip(self.level_names, outputs)})
+        stars = self.reader.rate(outputs[None, :])[0]
+        result: dict[str, Any] = {"label": stars.label, "rating": stars.rating}
+        result.update({f"prob_above_{name}": p for name, p in (stars.prob_above or {}).items()})
         return result
 
     def empty(self) -> dict[str, Any]:
         """The columns of a result, empty (a review with no text)."""
         from ..config.tasks import ORDINAL
 
-        above = self.level_names[:-1] if self.task == ORDINAL else []
+        above = self.reader.level_names[:-1] if self.reader.task == ORDINAL else []
         return {"label": "", "rating": None, **{f"prob_above_{name}": None for name in above}}
 
 
