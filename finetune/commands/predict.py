@@ -42,6 +42,7 @@ def predict(
     raw_csv: bool = False,
     on_bad_text: str = "refuse",
     threshold: float | None = None,
+    check_ratings: bool = False,
 ) -> int:
     """Classify reviews from ``input_path`` (CSV, TSV or JSONL; stdin lines when None or '-'); returns the count.
 
@@ -65,6 +66,10 @@ def predict(
     the tokenizer cannot encode) is refused naming its line, before anything
     is written; with ``on_bad_text="replace"`` it is read with U+FFFD in its
     place (:mod:`finetune.data.bad_text`).
+
+    With ``check_ratings`` (a ratings run, a file), the ratings the file gives in the run's
+    ``label_column`` are read first, and one that is not a number, NaN or outside the model's
+    levels is refused naming its row, before the model loads and anything is written.
     """
     from ..training.runs import find_run_config
 
@@ -72,6 +77,8 @@ def predict(
     model_dir = Path(model_path)
     output_path = _checked_output(model_dir, output_path, batch_size, overwrite, explain, on_bad_text, threshold)
     data_fields = (find_run_config(model_dir) or {}).get("data", {})
+    if check_ratings:
+        _check_given_ratings(model_dir, input_path, data_fields.get("label_column") or "label", raw_csv, on_bad_text)
     rows, input_format = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
     with _Output(output_path, input_format, replace=overwrite, raw_csv=raw_csv) as output, rows:
         batches = rows.batches()
@@ -132,6 +139,56 @@ def _checked_output(
             f"--output {output_path}: unknown file type {suffix}; end it in .csv, .tsv or .jsonl (or .json for JSONL)"
         )
     return output_path
+
+
+def _check_given_ratings(model_dir: Path, input_path: str | None, column: str, raw_csv: bool, on_bad_text: str) -> None:
+    """``--check_ratings``: refuse a rating in ``input_path``'s ``column`` that the model's levels cannot hold.
+
+    A whole pass over the file before the model loads, so a bad row on the last line leaves nothing
+    written, to a file or to stdout.
+    """
+    from ..config.tasks import task_of_folder
+    from ..data.ratings import check_given_rating
+    from ..training.model_files import read_json_object
+    from ..training.ordered_heads import StarReader
+
+    if task_of_folder(model_dir) is None:
+        return  # no readable config.json: loading the model refuses the folder in its own words
+    stars = StarReader.of_config(read_json_object(model_dir / "config.json", "copy the run again"), model_dir)
+    if stars is None:
+        raise FinetuneError(
+            f"--check_ratings checks the ratings given with a regression or ordinal run's reviews, and {model_dir} "
+            f"holds a {task_of_folder(model_dir)} model; leave out --check_ratings"
+        )
+    if any(not _is_number(name) for name in stars.level_names):
+        raise FinetuneError(
+            f"--check_ratings compares ratings with the model's levels, and {model_dir}'s are named "
+            f"({', '.join(stars.level_names)}), not numbers; leave out --check_ratings"
+        )
+    if input_path in (None, "-"):
+        raise FinetuneError(
+            "--check_ratings reads a file's rating column, and stdin gives reviews only; pass --input FILE"
+        )
+    rows, _ = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
+    rated = 0  # rows with the column: a JSON Lines row may lack it (no rating given), but not every row
+    fix = "fix the row, or leave out --check_ratings"
+    with rows:
+        for number, row in enumerate(rows.rows, start=1):
+            rated += column in row
+            check_given_rating(row.get(column), f"{input_path} row {number}", column, stars.scale.levels, fix)
+    if not rated:
+        raise FinetuneError(
+            f"--check_ratings reads the ratings in the run's label_column '{column}', and {input_path} has no such "
+            f"column; name the rating column '{column}', or leave out --check_ratings"
+        )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass
