@@ -46,13 +46,12 @@ def predict(
 ) -> int:
     """Classify reviews from ``input_path`` (CSV, TSV or JSONL; stdin lines when None or '-'); returns the count.
 
-    Writes the input rows plus ``label`` and ``probability`` (and one
-    ``prob_<class>`` column per class) to ``output_path`` in the input's
-    format, or CSV to stdout, a batch at a time. With ``explain``, a
-    ``top_words`` column too: the words that pushed each review toward its
-    label (:mod:`finetune.evaluation.explain`), as ``"word (score); ..."`` in
-    CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL; with tags,
-    the words behind each tag given (``"tag: word (score) | tag: ..."``, an object of lists).
+    Writes the input rows plus ``label`` and ``probability`` (and one ``prob_<class>`` column per class)
+    to ``output_path`` in the input's format, or CSV to stdout, a batch at a time. With ``explain``, a
+    ``top_words`` column too: the words that pushed each review toward its label
+    (:mod:`finetune.evaluation.explain`), as ``"word (score); ..."`` in CSV and TSV, a list of
+    ``{"word", "score"}`` objects in JSONL; with tags, the words behind each tag given
+    (``"tag: word (score) | tag: ..."``, an object of lists).
 
     A star-rating run writes ``label`` (the level) and ``rating`` (``_Stars``). A multi_label run writes
     ``labels``: the tags reaching their threshold (``tag_thresholds.json``, or ``threshold`` for all),
@@ -65,11 +64,7 @@ def predict(
     A JSON Lines row holding text that is not Unicode (a lone surrogate, which
     the tokenizer cannot encode) is refused naming its line, before anything
     is written; with ``on_bad_text="replace"`` it is read with U+FFFD in its
-    place (:mod:`finetune.data.bad_text`).
-
-    With ``check_ratings`` (a ratings run, a file), the ratings the file gives in the run's
-    ``label_column`` are read first, and one that is not a number, NaN or outside the model's
-    levels is refused naming its row, before the model loads and anything is written.
+    place (:mod:`finetune.data.bad_text`). With ``check_ratings``, a ratings run's given ratings are checked first.
     """
     from ..training.runs import find_run_config
 
@@ -77,8 +72,7 @@ def predict(
     model_dir = Path(model_path)
     output_path = _checked_output(model_dir, output_path, batch_size, overwrite, explain, on_bad_text, threshold)
     data_fields = (find_run_config(model_dir) or {}).get("data", {})
-    if check_ratings:
-        _check_given_ratings(model_dir, input_path, data_fields.get("label_column") or "label", raw_csv, on_bad_text)
+    _check_given_ratings(check_ratings, model_dir, input_path, data_fields, (raw_csv, on_bad_text))
     rows, input_format = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
     with _Output(output_path, input_format, replace=overwrite, raw_csv=raw_csv) as output, rows:
         batches = rows.batches()
@@ -141,18 +135,21 @@ def _checked_output(
     return output_path
 
 
-def _check_given_ratings(model_dir: Path, input_path: str | None, column: str, raw_csv: bool, on_bad_text: str) -> None:
-    """``--check_ratings``: refuse a rating in ``input_path``'s ``column`` that the model's levels cannot hold.
+def _check_given_ratings(
+    asked: bool, model_dir: Path, input_path: str | None, data_fields: dict[str, Any], reading: tuple[bool, str]
+) -> None:
+    """``--check_ratings`` (``asked``): refuse a rating in the run's label_column that the model's levels cannot hold.
 
-    A whole pass over the file before the model loads, so a bad row on the last line leaves nothing
-    written, to a file or to stdout.
+    A rating that is not a number, NaN or outside the levels is refused naming its row. A whole pass over
+    the file before the model loads, so a bad row on the last line leaves nothing written, to a file or to
+    stdout. ``reading`` is ``(raw_csv, on_bad_text)``, as the rows are read for scoring.
     """
     from ..config.tasks import task_of_folder
     from ..data.ratings import check_given_rating
     from ..training.model_files import read_json_object
     from ..training.ordered_heads import StarReader
 
-    if task_of_folder(model_dir) is None:
+    if not asked or task_of_folder(model_dir) is None:
         return  # no readable config.json: loading the model refuses the folder in its own words
     stars = StarReader.of_config(read_json_object(model_dir / "config.json", "copy the run again"), model_dir)
     if stars is None:
@@ -169,7 +166,8 @@ def _check_given_ratings(model_dir: Path, input_path: str | None, column: str, r
         raise FinetuneError(
             "--check_ratings reads a file's rating column, and stdin gives reviews only; pass --input FILE"
         )
-    rows, _ = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
+    column = data_fields.get("label_column") or "label"
+    rows, _ = _open_rows(input_path, raw_csv=reading[0], on_bad_text=reading[1])
     rated = 0  # rows with the column: a JSON Lines row may lack it (no rating given), but not every row
     fix = "fix the row, or leave out --check_ratings"
     with rows:
