@@ -170,3 +170,36 @@ def test_check_ratings_is_for_a_ratings_run(served_run, tmp_path, capsys):
         "error: --check_ratings checks the ratings given with a regression or ordinal run's reviews, and "
         f"{served_run} holds a single_label model; leave out --check_ratings"
     )
+
+
+def test_the_page_shows_each_reviews_stars_and_prob_above(ordinal_run, tmp_path):
+    """In headless Chromium, as a person would: the stars of the level CORN decodes, one bar per P(rating > level)."""
+    import shutil
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the page test drives Chromium with playwright")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium)")
+    from serving import ServerProcess
+
+    server = ServerProcess(ordinal_run, tmp_path / "serve.log", "--threads", "1")
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1100, "height": 700})
+            page.goto(f"http://127.0.0.1:{server.port}/")
+            sync_api.expect(page.locator("#model-info")).to_contain_text("ordinal rating, levels: 1, 2, 3, 4, 5")
+            page.fill("#reviews", "\n".join(REVIEWS[:2]))
+            page.click("#run")
+            rows = page.locator("tr.result")
+            sync_api.expect(rows).to_have_count(2, timeout=60_000)
+            glyphs = rows.locator(".star-glyphs").all_inner_texts()
+            bars = rows.nth(0).locator(".probability .name").all_inner_texts()
+            heading, button = page.locator("#label-heading").inner_text(), page.locator("#run").inner_text()
+            page.screenshot(path=str(tmp_path / "serve-stars-page.png"), full_page=True)
+            browser.close()
+    finally:
+        assert server.stop() == 0, (tmp_path / "serve.log").read_text()
+    levels = (np.cumprod(1 / (1 + np.exp(-independent_logits(ordinal_run, REVIEWS[:2]))), axis=1) > 0.5).sum(axis=1)
+    assert glyphs == ["★" * (level + 1) + "☆" * (4 - level) for level in levels]
+    assert bars == ["> 1", "> 2", "> 3", "> 4"] and heading == "Stars" and button == "Rate"
