@@ -151,7 +151,7 @@ class StarReader:
 
     def rate(self, outputs: np.ndarray) -> list[StarRating]:
         """Each review's stars from its :func:`rating_outputs` (one row per review)."""
-        outputs = np.asarray(outputs, dtype=np.float64).reshape(len(outputs), -1)
+        outputs = np.asarray(outputs, dtype=np.float64)
         ratings, levels = from_outputs(outputs, self.task, self.scale)
         below_top = self.level_names[:-1]  # output k says "above level k"
         return [
