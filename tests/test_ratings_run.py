@@ -350,15 +350,16 @@ def test_ordinal_levels_may_be_named_bins_in_their_order(tmp_path):
     assert data.splits["train"]["labels"] == expected
 
 
-def test_serve_export_and_distill_refuse_a_ratings_run_in_one_line(regression_run):
-    """They read a softmax over classes; a rating model's output is no class."""
+def test_distill_and_bench_refuse_a_ratings_run_in_one_line(regression_run):
+    """They read a softmax over classes; a rating model's output is no class. serve and export read its stars."""
     from finetune.errors import FinetuneError
     from finetune.evaluation.inference import load_inference_model
     from finetune.pipeline.teacher import TeacherRun
 
-    serve_refusal = r"star-rating model \(a regression run\), and finetune serve, export, distill and bench read"
-    with pytest.raises(FinetuneError, match=serve_refusal):
-        load_inference_model(regression_run)  # what serve and export load with
+    with pytest.raises(
+        FinetuneError, match=r"star-rating model \(a regression run\), and finetune distill and bench read"
+    ):
+        load_inference_model(regression_run)  # what bench loads with
     with pytest.raises(FinetuneError, match=r"star-rating model \(a regression run\), and finetune distill reads"):
         TeacherRun.open(str(regression_run))
 

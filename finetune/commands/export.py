@@ -13,6 +13,13 @@ run's ``tag_thresholds.json`` travel with it, and its tags are compared with the
 fp32 model's on the run's test split, per review-tag pair (printed, and kept in
 ``export.json``; :mod:`finetune.export.agreement`). Its ``--fp32_fallback``
 scores again the reviews with a tag within ``MARGIN`` of its threshold.
+
+A star-rating run's export (``regression``, ``ordinal``) keeps what decodes its
+outputs (``config.json``'s ``finetune_task``, ``rating_levels``, ``rating_mean``,
+``rating_std``, ``rating_decoding``), and its stars are compared with the fp32
+model's on the test split, per review: the share of the same level, and the mean
+absolute difference of the rating (``export.json``'s ``rating_agreement``). Its
+``--fp32_fallback`` scores again the reviews near a change of level.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ def export(
     small groups (OpenVINO; closer to fp32, slower, no calibration).
     ``fp32_fallback`` keeps the fp32 model beside int8 for the reviews whose two
     likeliest classes int8 puts within that gap of each other (a tags run: a tag within that gap of its
-    threshold).
+    threshold; a ratings run: a P(rating > level) within it of 0.5, or a regression's rating within that
+    many stars of halfway between two levels).
     """
     from ..evaluation.inference import load_inference_model
     from ..training.runs import find_run_config, require_model_folder
@@ -68,7 +76,7 @@ def export(
     texts, texts_source = (
         _calibration_texts(model_dir, run_config, calibration, calibration_reviews) if static else ([], "")
     )
-    model, tokenizer = load_inference_model(model_dir, tags_read=True)
+    model, tokenizer = load_inference_model(model_dir, tags_read=True, ratings_read=True)
     try:
         model_file = _write_int8(
             model, tokenizer, staging, model_dir, backend, weights_only, run_config, texts, texts_source
@@ -171,21 +179,25 @@ def _finish_export(
 ) -> None:
     """The run record (a tags run's thresholds, the fp32 fallback) added to ``staging``, renamed to ``output_dir``.
 
-    A multi_label run's export is measured against its fp32 model on the run's test split
-    (:func:`_record_tag_agreement`) before it is renamed into place.
+    A multi_label or star-rating run's export is measured against its fp32 model on the run's test split
+    (:func:`_record_tag_agreement`, :func:`_record_rating_agreement`) before it is renamed into place.
     """
-    from ..evaluation.tag_thresholds import copy_tag_thresholds, is_tag_model
+    from ..config.tasks import MULTI_LABEL, ORDERED_TASKS, task_of_model
+    from ..evaluation.tag_thresholds import copy_tag_thresholds
     from ..export.common import copy_run_record
     from ..export.fallback import add_fp32_fallback
 
     model, tokenizer = model_and_tokenizer
+    task = task_of_model(model.config)
     copy_run_record(model_dir, staging)
     # An export predicts a run's tags at the thresholds the run tuned, so it carries them.
     copy_tag_thresholds(model_dir, staging)
     if fp32_fallback is not None:
-        add_fp32_fallback(staging, model, fp32_fallback, tags=is_tag_model(model))
-    if is_tag_model(model):
+        add_fp32_fallback(staging, model, fp32_fallback, task=task)
+    if task == MULTI_LABEL:
         _record_tag_agreement(staging, model, tokenizer, run_config)
+    elif task in ORDERED_TASKS:
+        _record_rating_agreement(staging, model, tokenizer, run_config)
     try:
         os.rename(staging, output_dir)  # fails rather than replace a folder another export made meanwhile
     except OSError as error:
@@ -195,45 +207,84 @@ def _finish_export(
         ) from None
 
 
+def _test_split_outputs(
+    export_dir: Path, model: Any, tokenizer: Any, run_config: dict[str, Any] | None, what: str
+) -> tuple[Any, Any] | None:
+    """The fp32 model's and the export's outputs on the run's test split, the export read back as predict reads it.
+
+    None, said on stderr, for a run with no test split on record (``what``: what was not compared).
+    """
+    from ..data.encoding import ReviewEncoding
+    from ..evaluation.inference import load_inference_model, predict_probabilities
+    from ..training.runs import load_run_data
+
+    data = load_run_data(run_config) if run_config is not None else None
+    if data is None or "test" not in data.splits:
+        print(
+            f"note: the run has no test split on record, so int8's {what} were not compared with fp32's; "
+            f"compare them with finetune predict on labelled reviews",
+            file=sys.stderr,
+        )
+        return None
+    texts = list(data.splits["test"]["text"])
+    encoding = ReviewEncoding.from_fields((run_config or {}).get("data", {}))
+    int8, _ = load_inference_model(export_dir, tags_read=True, ratings_read=True)
+    fp32_outputs = predict_probabilities(model, tokenizer, texts, encoding=encoding)
+    return fp32_outputs, predict_probabilities(int8, tokenizer, texts, encoding=encoding)
+
+
+def _record_agreement(export_dir: Path, key: str, agreement: dict[str, Any]) -> None:
+    """Add ``agreement`` (measured on the test split) to the export's ``export.json`` under ``key``."""
+    from ..config.output_files import write_output_text
+    from ..export.common import EXPORT_RECORD, read_export_record
+
+    record = read_export_record(export_dir)
+    record[key] = {"split": "test", **agreement}
+    write_output_text(export_dir / EXPORT_RECORD, json.dumps(record, indent=2) + "\n")
+
+
 def _record_tag_agreement(export_dir: Path, model: Any, tokenizer: Any, run_config: dict[str, Any] | None) -> None:
     """Score the run's test split with the fp32 model and the export; print and record how often their tags agree.
 
     The export is read back as ``predict`` and ``serve`` read it, at the thresholds it carries;
     the figures go to its ``export.json`` (``tag_agreement``).
     """
-    from ..config.output_files import write_output_text
-    from ..data.encoding import ReviewEncoding
-    from ..evaluation.inference import load_inference_model, predict_probabilities
     from ..evaluation.tag_thresholds import tag_thresholds
     from ..export.agreement import tag_agreement
-    from ..export.common import EXPORT_RECORD, read_export_record
-    from ..training.runs import load_run_data
 
-    data = load_run_data(run_config) if run_config is not None else None
-    if data is None or "test" not in data.splits:
-        print(
-            "note: the run has no test split on record, so int8's tags were not compared with fp32's; "
-            "compare them with finetune predict on labelled reviews",
-            file=sys.stderr,
-        )
+    outputs = _test_split_outputs(export_dir, model, tokenizer, run_config, "tags")
+    if outputs is None:
         return
-    texts = list(data.splits["test"]["text"])
-    encoding = ReviewEncoding.from_fields((run_config or {}).get("data", {}))
-    int8, _ = load_inference_model(export_dir, tags_read=True)
     names = [model.config.id2label[index] for index in range(model.config.num_labels)]
-    agreement = tag_agreement(
-        predict_probabilities(model, tokenizer, texts, encoding=encoding),
-        predict_probabilities(int8, tokenizer, texts, encoding=encoding),
-        tag_thresholds(export_dir, names),
-        names,
-    )
-    record = read_export_record(export_dir)
-    record["tag_agreement"] = {"split": "test", **agreement}
-    write_output_text(export_dir / EXPORT_RECORD, json.dumps(record, indent=2) + "\n")
+    agreement = tag_agreement(*outputs, tag_thresholds(export_dir, names), names)
+    _record_agreement(export_dir, "tag_agreement", agreement)
     print(
         f"int8 gives the same tags as fp32 on {agreement['pair_agreement']:.2%} of the {agreement['pairs']:,} "
         f"review-tag pairs of the run's test split ({agreement['pairs_changed']:,} changed), and the same whole "
         f"set on {agreement['review_agreement']:.2%} of its {agreement['reviews']:,} reviews",
+        file=sys.stderr,
+    )
+
+
+def _record_rating_agreement(export_dir: Path, model: Any, tokenizer: Any, run_config: dict[str, Any] | None) -> None:
+    """Score the run's test split with the fp32 model and the export; print and record how close their stars are.
+
+    Both are decoded as ``predict`` and ``serve`` decode them; the figures go to the export's
+    ``export.json`` (``rating_agreement``).
+    """
+    from ..export.agreement import rating_agreement
+    from ..training.ordered_heads import StarReader
+
+    outputs = _test_split_outputs(export_dir, model, tokenizer, run_config, "ratings")
+    if outputs is None:
+        return
+    stars = StarReader.of_config(model.config, export_dir)
+    agreement = rating_agreement(*outputs, stars)
+    _record_agreement(export_dir, "rating_agreement", agreement)
+    print(
+        f"int8 gives the same level as fp32 on {agreement['level_agreement']:.2%} of the {agreement['reviews']:,} "
+        f"reviews of the run's test split ({agreement['levels_changed']:,} changed), its rating "
+        f"{agreement['mean_absolute_rating_difference']:.4f} stars apart on average",
         file=sys.stderr,
     )
 

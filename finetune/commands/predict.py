@@ -42,16 +42,16 @@ def predict(
     raw_csv: bool = False,
     on_bad_text: str = "refuse",
     threshold: float | None = None,
+    check_ratings: bool = False,
 ) -> int:
     """Classify reviews from ``input_path`` (CSV, TSV or JSONL; stdin lines when None or '-'); returns the count.
 
-    Writes the input rows plus ``label`` and ``probability`` (and one
-    ``prob_<class>`` column per class) to ``output_path`` in the input's
-    format, or CSV to stdout, a batch at a time. With ``explain``, a
-    ``top_words`` column too: the words that pushed each review toward its
-    label (:mod:`finetune.evaluation.explain`), as ``"word (score); ..."`` in
-    CSV and TSV, a list of ``{"word", "score"}`` objects in JSONL; with tags,
-    the words behind each tag given (``"tag: word (score) | tag: ..."``, an object of lists).
+    Writes the input rows plus ``label`` and ``probability`` (and one ``prob_<class>`` column per class)
+    to ``output_path`` in the input's format, or CSV to stdout, a batch at a time. With ``explain``, a
+    ``top_words`` column too: the words that pushed each review toward its label
+    (:mod:`finetune.evaluation.explain`), as ``"word (score); ..."`` in CSV and TSV, a list of
+    ``{"word", "score"}`` objects in JSONL; with tags, the words behind each tag given
+    (``"tag: word (score) | tag: ..."``, an object of lists).
 
     A star-rating run writes ``label`` (the level) and ``rating`` (``_Stars``). A multi_label run writes
     ``labels``: the tags reaching their threshold (``tag_thresholds.json``, or ``threshold`` for all),
@@ -64,7 +64,7 @@ def predict(
     A JSON Lines row holding text that is not Unicode (a lone surrogate, which
     the tokenizer cannot encode) is refused naming its line, before anything
     is written; with ``on_bad_text="replace"`` it is read with U+FFFD in its
-    place (:mod:`finetune.data.bad_text`).
+    place (:mod:`finetune.data.bad_text`). With ``check_ratings``, a ratings run's given ratings are checked first.
     """
     from ..training.runs import find_run_config
 
@@ -72,6 +72,7 @@ def predict(
     model_dir = Path(model_path)
     output_path = _checked_output(model_dir, output_path, batch_size, overwrite, explain, on_bad_text, threshold)
     data_fields = (find_run_config(model_dir) or {}).get("data", {})
+    _check_given_ratings(check_ratings, model_dir, input_path, data_fields, (raw_csv, on_bad_text))
     rows, input_format = _open_rows(input_path, raw_csv=raw_csv, on_bad_text=on_bad_text)
     with _Output(output_path, input_format, replace=overwrite, raw_csv=raw_csv) as output, rows:
         batches = rows.batches()
@@ -132,6 +133,60 @@ def _checked_output(
             f"--output {output_path}: unknown file type {suffix}; end it in .csv, .tsv or .jsonl (or .json for JSONL)"
         )
     return output_path
+
+
+def _check_given_ratings(
+    asked: bool, model_dir: Path, input_path: str | None, data_fields: dict[str, Any], reading: tuple[bool, str]
+) -> None:
+    """``--check_ratings`` (``asked``): refuse a rating in the run's label_column that the model's levels cannot hold.
+
+    A rating that is not a number, NaN or outside the levels is refused naming its row. A whole pass over
+    the file before the model loads, so a bad row on the last line leaves nothing written, to a file or to
+    stdout. ``reading`` is ``(raw_csv, on_bad_text)``, as the rows are read for scoring.
+    """
+    from ..config.tasks import task_of_folder
+    from ..data.ratings import check_given_rating
+    from ..training.model_files import read_json_object
+    from ..training.ordered_heads import StarReader
+
+    if not asked or task_of_folder(model_dir) is None:
+        return  # no readable config.json: loading the model refuses the folder in its own words
+    stars = StarReader.of_config(read_json_object(model_dir / "config.json", "copy the run again"), model_dir)
+    if stars is None:
+        raise FinetuneError(
+            f"--check_ratings checks the ratings given with a regression or ordinal run's reviews, and {model_dir} "
+            f"holds a {task_of_folder(model_dir)} model; leave out --check_ratings"
+        )
+    if any(not _is_number(name) for name in stars.level_names):
+        raise FinetuneError(
+            f"--check_ratings compares ratings with the model's levels, and {model_dir}'s are named "
+            f"({', '.join(stars.level_names)}), not numbers; leave out --check_ratings"
+        )
+    if input_path in (None, "-"):
+        raise FinetuneError(
+            "--check_ratings reads a file's rating column, and stdin gives reviews only; pass --input FILE"
+        )
+    column = data_fields.get("label_column") or "label"
+    rows, _ = _open_rows(input_path, raw_csv=reading[0], on_bad_text=reading[1])
+    rated = 0  # rows with the column: a JSON Lines row may lack it (no rating given), but not every row
+    fix = "fix the row, or leave out --check_ratings"
+    with rows:
+        for number, row in enumerate(rows.rows, start=1):
+            rated += column in row
+            check_given_rating(row.get(column), f"{input_path} row {number}", column, stars.scale.levels, fix)
+    if not rated:
+        raise FinetuneError(
+            f"--check_ratings reads the ratings in the run's label_column '{column}', and {input_path} has no such "
+            f"column; name the rating column '{column}', or leave out --check_ratings"
+        )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass
@@ -267,55 +322,41 @@ class _Tags:
 
 @dataclass
 class _Stars:
-    """How a star-rating run's reviews are rated: its task, its levels and the scale its outputs map back by.
+    """How a star-rating run's reviews are written: the columns of :class:`~finetune.training.ordered_heads.StarReader`.
 
     ``rating`` is a regression's output mapped back and clipped to the levels' range (``label`` the nearest
     level), or an ordinal run's level; an ordinal run adds ``prob_above_<level>``, P(rating > level), per output.
     """
 
-    task: str
-    scale: Any  # a RatingScale
-    level_names: list[str]
+    reader: Any  # a StarReader
 
     @classmethod
     def of(cls, model: Any, reading: _Reading) -> _Stars | None:
         """The stars of a regression or ordinal model (None for another); refuses ``--explain`` with them."""
-        from ..config.tasks import ORDERED_TASKS, task_of_model
-        from ..data.ratings import RatingScale, level_name
+        from ..training.ordered_heads import StarReader
 
-        task = task_of_model(model.config)
-        if task not in ORDERED_TASKS:
+        reader = StarReader.of_config(model.config, reading.model_dir)
+        if reader is None:
             return None
         if reading.explain:
             raise FinetuneError(
-                f"--explain gives the words behind a class's probability, and this run rates stars ({task}); "
+                f"--explain gives the words behind a class's probability, and this run rates stars ({reader.task}); "
                 "drop --explain"
             )
-        scale = RatingScale.from_config(model.config)
-        if scale is None:
-            raise FinetuneError(
-                f"{reading.model_dir / 'config.json'} has no rating_levels, which a {task} model is read by; "
-                "restore config.json from a copy of the run or one of its checkpoint-* folders"
-            )
-        names = getattr(model.config, "rating_level_names", None) or [level_name(value) for value in scale.levels]
-        return cls(task, scale, list(names))
+        return cls(reader)
 
     def result(self, outputs: Any) -> dict[str, Any]:
         """A review's level and rating (and for ordinal, each P(rating > level))."""
-        from ..config.tasks import ORDINAL
-        from ..training.ordered_heads import from_outputs
-
-        ratings, levels = from_outputs(outputs[None, :], self.task, self.scale)
-        result: dict[str, Any] = {"label": self.level_names[int(levels[0])], "rating": round(float(ratings[0]), 4)}
-        if self.task == ORDINAL:
-            result.update({f"prob_above_{name}": round(float(p), 6) for name, p in zip(self.level_names, outputs)})
+        stars = self.reader.rate(outputs[None, :])[0]
+        result: dict[str, Any] = {"label": stars.label, "rating": stars.rating}
+        result.update({f"prob_above_{name}": p for name, p in (stars.prob_above or {}).items()})
         return result
 
     def empty(self) -> dict[str, Any]:
         """The columns of a result, empty (a review with no text)."""
         from ..config.tasks import ORDINAL
 
-        above = self.level_names[:-1] if self.task == ORDINAL else []
+        above = self.reader.level_names[:-1] if self.reader.task == ORDINAL else []
         return {"label": "", "rating": None, **{f"prob_above_{name}": None for name in above}}
 
 

@@ -33,24 +33,42 @@ def reads_numbers(data_args: DataArguments) -> bool:
     return data_args.task == REGRESSION or (data_args.task == ORDINAL and not named)
 
 
+def _read_rating(raw: Any) -> tuple[float | None, str | None]:
+    """A label cell as a rating and what is wrong with it: ``(None, None)`` when missing, a problem for text or NaN."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None, None
+    if isinstance(raw, bool):
+        return None, "true/false"
+    try:
+        value = float(raw.strip() if isinstance(raw, str) else raw)
+    except (TypeError, ValueError):
+        return None, "not a number"
+    return (value, None) if math.isfinite(value) else (None, "not a finite number")
+
+
 def rating_value(raw: Any, where: str, column: str, task: str) -> float | None:
     """A label cell as a rating, or None for a missing one (dropped and counted); refuses text and NaN."""
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return None
-    problem = "true/false" if isinstance(raw, bool) else None
-    if problem is None:
-        try:
-            value = float(raw.strip() if isinstance(raw, str) else raw)
-        except (TypeError, ValueError):
-            problem = "not a number"
-        else:
-            problem = None if math.isfinite(value) else "not a finite number"
+    value, problem = _read_rating(raw)
     if problem is not None:
         raise FinetuneError(
             f"{where}: rating {raw!r} in '{column}' is {problem}, and task: {task} reads each rating as a number "
             "(e.g. 4 or 4.5); fix the row, or set task: single_label for text classes"
         )
     return value
+
+
+def check_given_rating(raw: Any, where: str, column: str, levels: Sequence[float], fix: str) -> None:
+    """Refuse a rating given with reviews to rate (``predict --check_ratings``) that the model cannot give.
+
+    A rating that is not a number, NaN, or outside ``levels``' range is refused in one line naming
+    ``where`` and ``fix``; an empty cell is a review without a rating and passes.
+    """
+    value, problem = _read_rating(raw)
+    low, high = min(levels), max(levels)
+    if problem is None and value is not None and not low <= value <= high:
+        problem = f"outside the model's levels, {low:g} to {high:g} (rating_levels in its config.json)"
+    if problem is not None:
+        raise FinetuneError(f"{where}: rating {raw!r} in '{column}' is {problem}; {fix}")
 
 
 def level_name(value: float) -> str:

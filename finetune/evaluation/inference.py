@@ -65,19 +65,21 @@ def load_inference_model(
     its fp32 model (:mod:`.fallback`). A model with several tags per review is refused unless the
     caller reads tags (``tags_read``: ``predict``, ``serve``, ``export``); a tags export's fallback
     judges close calls at the caller's ``threshold`` for every tag, or else at the run's thresholds.
-    A star-rating model is refused unless the caller reads ratings (``ratings_read``).
+    A star-rating model is refused unless the caller reads ratings (``ratings_read``: ``predict``,
+    ``serve``, ``export``, ``evaluate``); a ratings export's fallback judges close calls where a level changes.
     """
     from transformers import AutoTokenizer
 
     from ..training.model_check import check_model_config, check_model_folder, refuse_rating_model, refuse_tag_model
     from ..training.model_files import require_vocabulary
+    from ..training.ordered_heads import StarReader
     from .tag_thresholds import is_tag_model, tag_thresholds
 
     require_inference_folder(model_dir)
     if not tags_read:
         refuse_tag_model(model_dir, "finetune distill and bench read")
     if not ratings_read:
-        refuse_rating_model(model_dir, "finetune serve, export, distill and bench read")
+        refuse_rating_model(model_dir, "finetune distill and bench read")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     require_vocabulary(tokenizer, model_dir)
     if not is_exported_folder(model_dir):
@@ -92,7 +94,8 @@ def load_inference_model(
     # A tags export's close calls are tags near the thresholds it carries (the run's tuned ones).
     names = [int8.config.id2label[index] for index in range(int8.config.num_labels)]
     thresholds = tag_thresholds(model_dir, names, threshold) if is_tag_model(int8) else None
-    return Int8WithFallback(int8, fp32, margin, thresholds), tokenizer
+    # A ratings export's close calls are reviews near a change of level.
+    return Int8WithFallback(int8, fp32, margin, thresholds, StarReader.of_config(int8.config, model_dir)), tokenizer
 
 
 def warn_if_model_changed(model_dir: Path, what: str) -> None:

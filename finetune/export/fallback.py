@@ -13,7 +13,10 @@ of the labels on every seed, for about a tenth of the int8 speed-up (README,
 
 A multi_label run's tags change where a tag's probability crosses its
 threshold, so there a close call is a review with any tag whose int8
-probability is within ``MARGIN`` of that tag's threshold.
+probability is within ``MARGIN`` of that tag's threshold. A ratings run's level
+changes where a P(rating > level) crosses 0.5 (ordinal) or the rating crosses
+halfway between two levels (regression): there a close call is within ``MARGIN``
+of either (for regression, ``MARGIN`` is in stars).
 """
 
 from __future__ import annotations
@@ -25,10 +28,19 @@ from typing import Any
 import numpy as np
 
 from ..config.output_files import write_output_text
+from ..config.tasks import MULTI_LABEL, ORDINAL, REGRESSION, SINGLE_LABEL
 from ..errors import FinetuneError
 from .common import EXPORT_RECORD, read_export_record
 
 FALLBACK_FOLDER = "fp32"
+# What a close call is, by the task of the model (its export.json's rule says it).
+CLOSE_CALLS = {
+    SINGLE_LABEL: "reviews whose int8 top-two class probabilities differ by less than margin",
+    MULTI_LABEL: "reviews with a tag whose int8 probability is within margin of the tag's threshold "
+    "(tag_thresholds.json)",
+    ORDINAL: "reviews with an int8 P(rating > level) within margin of 0.5, where the level is counted",
+    REGRESSION: "reviews whose int8 rating is within margin stars of halfway between two levels",
+}
 # The margin finetune bench's fallback row uses, and the one the README suggests.
 DEFAULT_FALLBACK_MARGIN = 0.1
 
@@ -41,23 +53,20 @@ def check_fallback_margin(margin: float) -> None:
         )
 
 
-def add_fp32_fallback(export_dir: Path, model: Any, margin: float, tags: bool = False) -> None:
+def add_fp32_fallback(export_dir: Path, model: Any, margin: float, task: str = SINGLE_LABEL) -> None:
     """Save ``model`` (fp32) into ``export_dir``/fp32 and record ``margin`` in the export's ``export.json``.
 
-    ``tags``: the model gives several tags per review, whose close calls are tags near their thresholds.
+    ``task`` (the model's) says what a close call is (:data:`CLOSE_CALLS`): two classes near a tie, a tag
+    near its threshold, a rating near a change of level.
     """
     check_fallback_margin(margin)
     model.float().save_pretrained(export_dir / FALLBACK_FOLDER, safe_serialization=True)
     record = read_export_record(export_dir)
-    close = (
-        "reviews with a tag whose int8 probability is within margin of the tag's threshold (tag_thresholds.json)"
-        if tags
-        else "reviews whose int8 top-two class probabilities differ by less than margin"
-    )
+    replaced = "outputs" if task in (ORDINAL, REGRESSION) else "probabilities"
     record["fp32_fallback"] = {
         "margin": float(margin),
         "folder": FALLBACK_FOLDER,
-        "rule": f"{close} are scored by the fp32 model in folder, whose probabilities replace int8's",
+        "rule": f"{CLOSE_CALLS[task]} are scored by the fp32 model in folder, whose {replaced} replace int8's",
     }
     write_output_text(export_dir / EXPORT_RECORD, json.dumps(record, indent=2) + "\n")
 
@@ -80,18 +89,25 @@ class Int8WithFallback:
     """An int8 classifier and the fp32 model that scores its close calls again.
 
     With ``tag_thresholds`` (a multi_label model, one per tag) a close call is a tag near its
-    threshold, else two classes near a tie. ``rescored`` counts the reviews the fp32 model has scored.
+    threshold; with ``stars`` (a ratings model's :class:`~finetune.training.ordered_heads.StarReader`)
+    a rating near a change of level; else two classes near a tie. ``rescored`` counts the reviews
+    the fp32 model has scored.
     """
 
-    def __init__(self, int8: Any, fp32: Any, margin: float, tag_thresholds: np.ndarray | None = None) -> None:
+    def __init__(
+        self, int8: Any, fp32: Any, margin: float, tag_thresholds: np.ndarray | None = None, stars: Any = None
+    ) -> None:
         check_fallback_margin(margin)
         self.int8, self.fp32, self.margin = int8, fp32, float(margin)
         self.tag_thresholds = tag_thresholds
+        self.stars = stars
         self.config = int8.config
         self.rescored = 0
 
     def close_calls(self, probabilities: np.ndarray) -> np.ndarray:
         """Row indices whose two likeliest classes are within the margin (tags: any tag near its threshold)."""
+        if self.stars is not None:
+            return self.stars.close_calls(probabilities, self.margin)
         if self.tag_thresholds is not None:
             return near_a_threshold(probabilities, self.tag_thresholds, self.margin)
         return np.flatnonzero(top_two_gap(probabilities) < self.margin)

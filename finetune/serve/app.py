@@ -100,10 +100,22 @@ class TagPrediction(BaseModel):
     scores: dict[str, float]
 
 
-class PredictResponse(BaseModel):
-    """One prediction per review, in the order sent: a label, or a multi_label run's tags."""
+class RatingPrediction(BaseModel):
+    """One review's stars (a regression or ordinal run), decoded as ``finetune predict`` decodes them."""
 
-    results: list[Prediction | TagPrediction]
+    rating: float = Field(
+        description="a regression's rating clipped to the levels' range (4 decimals); ordinal: the level"
+    )
+    label: str = Field(description="the level's name: ordinal's level, or the level nearest a regression's rating")
+    prob_above: dict[str, float] | None = Field(
+        None, description="ordinal only: P(rating > level) for each level but the top one"
+    )
+
+
+class PredictResponse(BaseModel):
+    """One prediction per review, in the order sent: a label, a multi_label run's tags, or a ratings run's stars."""
+
+    results: list[Prediction | TagPrediction | RatingPrediction]
 
 
 class WordScore(BaseModel):
@@ -246,8 +258,8 @@ class _Serving:
         served = self.live.served
         return {
             "model_dir": str(served.model_dir),
-            "classes": served.class_names,
-            "task": "multi_label" if served.tags else "single_label",
+            "classes": served.class_names,  # a ratings run's: its levels, lowest first
+            "task": served.task,
             "thresholds": (
                 dict(zip(served.class_names, (float(value) for value in served.tag_thresholds)))
                 if served.tags
@@ -314,6 +326,8 @@ def _add_model_routes(app: FastAPI, serving: _Serving) -> None:
         "/predict",
         summary="Label reviews",
         response_model=PredictResponse,
+        # A regression's stars have no prob_above: left out rather than sent as null.
+        response_model_exclude_none=True,
         openapi_extra=_request_body(ReviewsRequest),
     )
     async def predict(request: Request) -> dict[str, Any]:

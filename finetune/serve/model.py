@@ -23,6 +23,7 @@ from ..evaluation.tag_thresholds import check_threshold, is_tag_model, tag_thres
 from ..export.fallback import Int8WithFallback
 from ..export.onnxruntime import is_onnx_folder
 from ..export.openvino import is_openvino_folder
+from ..training.ordered_heads import StarReader
 from ..training.runs import find_run_config, run_folder
 
 # Reviews per forward pass inside one model call, as finetune predict's default --batch_size.
@@ -46,11 +47,20 @@ class ServedModel:
     tag_thresholds: Any = None
     # The --threshold the server was started with (None: the run's tuned ones), kept for a reload.
     threshold: float | None = None
+    # A regression or ordinal run's decoding into stars (None: classes or tags); class_names are then its levels.
+    stars: StarReader | None = None
 
     @property
     def tags(self) -> bool:
         """Whether the model gives several tags per review (a multi_label run) rather than one label."""
         return self.tag_thresholds is not None
+
+    @property
+    def task(self) -> str:
+        """What the model predicts: ``single_label``, ``multi_label``, ``regression`` or ``ordinal``."""
+        if self.stars is not None:
+            return self.stars.task
+        return "multi_label" if self.tags else "single_label"
 
     def model_inputs(self, reviews: list[str]) -> list[str]:
         """The reviews as the model reads them: cleaned as in training (HTML entities, ``<br>``, spaces)."""
@@ -60,9 +70,12 @@ class ServedModel:
         """A label and the class probabilities for each text (already passed through :meth:`model_inputs`).
 
         With tags: ``labels``, the tags whose probability reaches their threshold, and ``scores``, every tag's
-        probability, as ``finetune predict`` gives them.
+        probability, as ``finetune predict`` gives them. With stars: ``rating`` and ``label`` (the level), and
+        for ordinal ``prob_above``, each P(rating > level), decoded as ``finetune predict`` decodes them.
         """
         probabilities = predict_probabilities(self.model, self.tokenizer, texts, INFERENCE_BATCH_SIZE, self.encoding)
+        if self.stars is not None:
+            return [_star_answer(stars) for stars in self.stars.rate(probabilities)]
         if self.tags:
             given = probabilities >= self.tag_thresholds
             return [
@@ -90,6 +103,11 @@ class ServedModel:
     @property
     def why_not_explainable(self) -> str | None:
         """Why ``/explain`` cannot answer with this model, or None when it can."""
+        if self.stars is not None:
+            return (
+                f"{self.model_dir} rates stars (a {self.stars.task} run), and /explain gives the words behind a "
+                "class's probability; ask /predict for the ratings"
+            )
         if self.explainable is None:
             return (
                 f"{self.model_dir} is an int8 export without its fp32 model, which explanations need; serve the run "
@@ -150,7 +168,7 @@ def load_served_model(model_path: str | Path, threshold: float | None = None) ->
     check_threshold(threshold)
     model_dir = Path(model_path)
     require_served_folder(model_dir)
-    model, tokenizer = load_inference_model(model_dir, tags_read=True, threshold=threshold)
+    model, tokenizer = load_inference_model(model_dir, tags_read=True, threshold=threshold, ratings_read=True)
     own_weights(model)
     warn_if_model_changed(model_dir, "its answers")
     run_config = find_run_config(model_dir) or {}
@@ -161,7 +179,11 @@ def load_served_model(model_path: str | Path, threshold: float | None = None) ->
         backend = "onnxruntime int8"
     else:
         backend = "pytorch"
-    class_names = [model.config.id2label[index] for index in range(model.config.num_labels)]
+    stars = StarReader.of_config(model.config, model_dir)
+    # A ratings model's outputs are named "above 1", ...; what it gives a review is one of its levels.
+    class_names = (
+        list(stars.level_names) if stars else [model.config.id2label[index] for index in range(model.config.num_labels)]
+    )
     return ServedModel(
         model_dir=model_dir,
         model=model,
@@ -174,7 +196,16 @@ def load_served_model(model_path: str | Path, threshold: float | None = None) ->
         test_scores=_test_scores(model_dir),
         tag_thresholds=tag_thresholds(model_dir, class_names, threshold) if is_tag_model(model) else None,
         threshold=threshold,
+        stars=stars,
     )
+
+
+def _star_answer(stars: Any) -> dict[str, Any]:
+    """A review's stars as ``/predict`` answers them (``prob_above`` for ordinal only)."""
+    answer: dict[str, Any] = {"rating": stars.rating, "label": stars.label}
+    if stars.prob_above is not None:
+        answer["prob_above"] = stars.prob_above
+    return answer
 
 
 def own_weights(model: Any) -> None:
@@ -209,5 +240,6 @@ def _test_scores(model_dir: Path) -> dict[str, Any] | None:
     if not isinstance(test, dict):
         return None
     # The scores a reader compares, not the confusion matrix's raw counts.
-    shown = ("task", "micro_f1", "accuracy", "macro_f1", "per_class", "num_samples", "intervals")
+    shown = ("task", "micro_f1", "accuracy", "macro_f1", "mae", "quadratic_weighted_kappa", "off_by_one_accuracy")
+    shown += ("per_class", "num_samples", "intervals")
     return {key: test[key] for key in shown if key in test}

@@ -19,13 +19,16 @@ folder is a stock ``BertForSequenceClassification``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..config.tasks import CONFIG_TASK_KEY, ORDINAL, REGRESSION
+from ..config.tasks import CONFIG_TASK_KEY, ORDERED_TASKS, ORDINAL, REGRESSION, task_of_model
+from ..errors import FinetuneError
 
 if TYPE_CHECKING:
     from ..data.ratings import RatingScale
@@ -101,3 +104,77 @@ def from_outputs(outputs: np.ndarray, task: str, scale: RatingScale) -> tuple[np
 def decode(logits: np.ndarray, task: str, scale: RatingScale) -> tuple[np.ndarray, np.ndarray]:
     """Each review's rating (a float, in the levels' range) and level index, from the model's logits."""
     return from_outputs(rating_outputs(logits, task), task, scale)
+
+
+@dataclass(frozen=True)
+class StarRating:
+    """One review's stars, as predict, serve and an export's agreement give them."""
+
+    label: str  # the level's name
+    rating: float  # a regression's clipped rating (4 decimals), an ordinal run's level
+    prob_above: dict[str, float] | None  # ordinal only: P(rating > level), per level but the top one (6 decimals)
+
+
+@dataclass(frozen=True)
+class StarReader:
+    """How a star-rating model's outputs become stars: its task, its scale and its levels' names.
+
+    The one decoding every command that rates reviews goes through (:func:`from_outputs`), so
+    predict's columns and serve's answers cannot drift apart.
+    """
+
+    task: str
+    scale: RatingScale
+    level_names: tuple[str, ...]
+
+    @classmethod
+    def of_config(cls, config: Any, folder: str | Path) -> StarReader | None:
+        """The reader of a regression or ordinal model's config (or config.json as a dict); None for another task.
+
+        A ratings model whose config lost its ``rating_levels`` is refused in one line: its outputs
+        cannot be mapped back to stars.
+        """
+        from ..data.ratings import RatingScale, level_name
+
+        task = task_of_model(config)
+        if task not in ORDERED_TASKS:
+            return None
+        scale = RatingScale.from_config(config)
+        if scale is None:
+            raise FinetuneError(
+                f"{Path(folder) / 'config.json'} has no rating_levels, which a {task} model is read by; "
+                "restore config.json from a copy of the run or one of its checkpoint-* folders"
+            )
+        names = config.get("rating_level_names") if isinstance(config, dict) else None
+        names = names or getattr(config, "rating_level_names", None) or [level_name(value) for value in scale.levels]
+        return cls(task, scale, tuple(names))
+
+    def rate(self, outputs: np.ndarray) -> list[StarRating]:
+        """Each review's stars from its :func:`rating_outputs` (one row per review)."""
+        outputs = np.asarray(outputs, dtype=np.float64)
+        ratings, levels = from_outputs(outputs, self.task, self.scale)
+        below_top = self.level_names[:-1]  # output k says "above level k"
+        return [
+            StarRating(
+                label=self.level_names[int(level)],
+                rating=round(float(rating), 4),
+                prob_above=(
+                    {name: round(float(p), 6) for name, p in zip(below_top, row)} if self.task == ORDINAL else None
+                ),
+            )
+            for rating, level, row in zip(ratings, levels, outputs)
+        ]
+
+    def close_calls(self, outputs: np.ndarray, margin: float) -> np.ndarray:
+        """Rows whose level a small nudge of the outputs could change (an int8 export's fp32 fallback).
+
+        Ordinal: a P(rating > level k) within ``margin`` of 0.5, where the level is counted. Regression: a
+        rating within ``margin`` stars of halfway between two levels, where the nearest level changes.
+        """
+        outputs = np.asarray(outputs, dtype=np.float64)
+        if self.task == ORDINAL:
+            return np.flatnonzero((np.abs(outputs - 0.5) < margin).any(axis=1))
+        levels = np.asarray(self.scale.levels, dtype=np.float64)
+        halfway = (levels[1:] + levels[:-1]) / 2
+        ratings = self.scale.mean + self.scale.std * outputs[:, 0]
+        return np.flatnonzero((np.abs(ratings[:, None] - halfway[None, :]) < margin).any(axis=1))

@@ -37,7 +37,8 @@ class ExportOptions:
     fp32_fallback: float | None = option(
         metavar="MARGIN",
         help="also keep the fp32 model and let it score the reviews whose int8 top-two probabilities are "
-        "within MARGIN (e.g. 0.1): labels closer to fp32's, a little slower",
+        "within MARGIN (e.g. 0.1): labels closer to fp32's, a little slower (a ratings run: reviews within "
+        "MARGIN of a change of level; for regression, MARGIN is in stars)",
     )
 
 

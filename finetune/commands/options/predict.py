@@ -26,6 +26,11 @@ class PredictOptions:
         help="a multi_label run's tags: give a tag where its probability reaches this, for every tag "
         "(default: each tag's own, tuned on validation, from tag_thresholds.json)"
     )
+    check_ratings: bool = option(
+        False,
+        help="a regression or ordinal run: first read the ratings --input gives in the run's label_column, and "
+        "refuse (exit 2, nothing written) one that is not a number, NaN or outside the model's levels",
+    )
     raw_csv: bool = raw_csv_option("the output's", "--input")
     on_bad_text: str = on_bad_text_option("a JSON Lines row", "refused naming its line")
 

@@ -26,6 +26,7 @@ const FORMULA_SIGNS = ["=", "+", "-", "@", "\uff1d", "\uff0b", "\uff0d", "\uff20
 const HIDDEN_LEAD = /^[\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200d\u2028\u2029\u202f\u205f\u2060\u3000\ufeff\x00]*/;
 let classes = [];
 let tags = false; // a multi_label run: each review gets a set of tags, each with its own probability
+let stars = false; // a regression or ordinal run: each review gets a rating and its level; classes are the levels
 let maxReviews = 64; // per request; /info gives the server's limit
 let results = [];
 
@@ -51,19 +52,23 @@ async function loadInfo() {
   const info = await response.json();
   classes = info.classes;
   tags = info.task === "multi_label";
+  stars = info.task === "regression" || info.task === "ordinal";
   maxReviews = info.limits.max_reviews;
   let test = "";
-  if (info.test && tags) {
+  if (info.test && stars) {
+    test = ` · test MAE ${info.test.mae.toFixed(3)}, QWK ${info.test.quadratic_weighted_kappa.toFixed(3)}`;
+  } else if (info.test && tags) {
     test = ` · test micro-F1 ${info.test.micro_f1.toFixed(3)}, macro-F1 ${info.test.macro_f1.toFixed(3)}`;
   } else if (info.test) {
     test = ` · test accuracy ${(info.test.accuracy * 100).toFixed(1)}%, macro-F1 ${info.test.macro_f1.toFixed(3)}`;
   }
-  const kind = tags ? "tags" : "classes";
+  const kind = stars ? `${info.task} rating, levels` : tags ? "tags" : "classes";
   els.info.textContent = `${info.base_model || info.model_dir} (${info.backend}) · ${kind}: ${classes.join(", ")}${test}`;
   // Tags: no shading (a review's words push each tag differently); each chip's tooltip lists its top words.
-  els.run.textContent = tags ? "Tag and explain" : "Label and explain";
-  document.getElementById("label-heading").textContent = tags ? "Tags" : "Label";
-  document.querySelector("#output .legend").hidden = tags; // the shading legend: no shading for tags
+  // Stars: no shading either (/explain reads class probabilities; the page falls back to /predict).
+  els.run.textContent = stars ? "Rate" : tags ? "Tag and explain" : "Label and explain";
+  document.getElementById("label-heading").textContent = stars ? "Stars" : tags ? "Tags" : "Label";
+  document.querySelector("#output .legend").hidden = tags || stars; // the shading legend
 }
 
 // RFC 4180 CSV (quoted fields, doubled quotes, line breaks inside quotes); TSV when the name says so.
@@ -209,6 +214,32 @@ function tagChips(labels, topWords) {
   return cell;
 }
 
+// A rating as stars: as many filled as the level's place among the levels (its name and rating beside them).
+function starCell(result) {
+  const cell = document.createElement("td");
+  cell.className = "stars";
+  const filled = classes.indexOf(result.label) + 1;
+  const shown = document.createElement("span");
+  shown.className = "star-glyphs";
+  shown.textContent = "★".repeat(filled) + "☆".repeat(Math.max(0, classes.length - filled));
+  shown.title = `level ${result.label}`;
+  const value = document.createElement("span");
+  value.className = "rating";
+  value.textContent = ` ${result.label} (${result.rating.toFixed(2)})`;
+  cell.append(shown, value);
+  return cell;
+}
+
+// An ordinal run's P(rating > level) bars, or a regression's rating on the levels' scale.
+function ratingDetails(result) {
+  if (result.prob_above) {
+    return probabilityBars(Object.fromEntries(Object.entries(result.prob_above).map(([name, p]) => [`> ${name}`, p])));
+  }
+  const cell = document.createElement("td");
+  cell.textContent = `rating ${result.rating.toFixed(4)}`;
+  return cell;
+}
+
 function render() {
   els.body.replaceChildren();
   results.forEach((result, i) => {
@@ -216,6 +247,11 @@ function render() {
     row.className = "result";
     const number = document.createElement("td");
     number.textContent = String(i + 1);
+    if (result.rating !== undefined) {
+      row.append(number, shadedReview({ ...result, words: [] }), starCell(result), ratingDetails(result));
+      els.body.append(row);
+      return;
+    }
     if (result.labels) {
       // Shading is per label; a tags review is shown as read, its words in each chip's tooltip.
       row.append(number, shadedReview({ ...result, words: [] }), tagChips(result.labels, result.top_words), probabilityBars(result.scores));
@@ -241,6 +277,7 @@ function csvField(value) {
 
 function downloadCsv() {
   if (results[0].labels) { downloadTagsCsv(); return; }
+  if (results[0].rating !== undefined) { downloadStarsCsv(); return; }
   const names = classes.length ? classes : Object.keys(results[0].probabilities);
   const lines = [["review", "label", ...names.map((n) => `prob_${n}`), "top_words"].map(csvField).join(",")];
   for (const r of results) {
@@ -256,6 +293,16 @@ function downloadTagsCsv() {
   const lines = [["review", "labels", ...names.map((n) => `prob_${n}`)].map(csvField).join(",")];
   for (const r of results) {
     lines.push([r.review, r.labels.join("|"), ...names.map((n) => r.scores[n])].map(csvField).join(","));
+  }
+  saveCsv(lines);
+}
+
+// A ratings run's results as `finetune predict` writes them: label (the level), rating, prob_above_<level>.
+function downloadStarsCsv() {
+  const above = Object.keys(results[0].prob_above || {});
+  const lines = [["review", "label", "rating", ...above.map((n) => `prob_above_${n}`)].map(csvField).join(",")];
+  for (const r of results) {
+    lines.push([r.review, r.label, r.rating, ...above.map((n) => r.prob_above[n])].map(csvField).join(","));
   }
   saveCsv(lines);
 }
