@@ -45,7 +45,7 @@ PAGES = [
     for path in [PROJECT / "README.md", *sorted((PROJECT / "docs").rglob("*.md"))]
 ] + [("docs/reference/recipes.md (generated)", REFERENCE)]
 # Subcommands whose unknown flags are recipe fields (the rest take only their own options).
-TAKES_RECIPE_FIELDS = {"train", "distill", "check", "bench", "baseline", "find-label-issues", "tune"}
+TAKES_RECIPE_FIELDS = {"train", "distill", "check", "bench", "baseline", "find-label-issues", "tune", "compare-tasks"}
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
