@@ -368,12 +368,15 @@ def test_seeds_of_a_ratings_recipe_table_mae_and_kappa_beside_the_ridge(tmp_path
     recipe = rating_recipe(tmp_path, tiny_model_dir, task="regression", num_train_epochs=1)
     assert main(["train", str(recipe), "--seeds", "2"]) == 0
     out = capsys.readouterr().out
-    assert "| seed | test MAE | test QWK | baseline MAE | test accuracy |" in out
+    assert "| seed | test MAE | test QWK | baseline MAE | baseline QWK | test accuracy |" in out
     summary = read_json(tmp_path / "run" / "seeds.json")
     assert summary["ordered"] is True
     for entry in summary["runs"]:
         report = read_json(Path(entry["output_dir"]) / "test_report.json")
         assert entry["test MAE"] == report["mae"] and entry["test QWK"] == report["quadratic_weighted_kappa"]
+        # The ridge's kappa, as the run's own report records it.
+        ridge = read_json(Path(entry["output_dir"]) / "report" / "metrics.json")["baseline"]
+        assert entry["baseline QWK"] == ridge["scores"]["test"]["quadratic_weighted_kappa"]
     assert summary["mean"]["test MAE"] == pytest.approx(np.mean([entry["test MAE"] for entry in summary["runs"]]))
 
 

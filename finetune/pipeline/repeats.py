@@ -335,8 +335,8 @@ def _figure_sources(scored_on: str) -> dict[str, tuple[str, str]]:
     }
 
 
-# A ratings run's (or a star classifier's) own figures: its MAE and kappa, and the ridge baseline's MAE.
-_ORDERED_NAMES = ("{} MAE", "{} QWK", "baseline MAE")
+# A ratings run's (or a star classifier's) own figures: its MAE and kappa, and the ridge baseline's.
+_ORDERED_NAMES = ("{} MAE", "{} QWK", "baseline MAE", "baseline QWK")
 
 
 def _columns(scored_on: str, tags: bool = False, ordered: bool = False) -> list[str]:
@@ -374,12 +374,17 @@ def _figures(metrics: dict[str, Any], scored_on: str) -> dict[str, Any]:
 
 
 def _ordered_figures(sources: dict[str, dict[str, Any]], scored_on: str) -> dict[str, Any]:
-    """A ratings run's MAE and kappa (a star classifier's, read as stars) and the ridge's MAE; none for classes."""
+    """A ratings run's MAE and kappa (a star classifier's, read as stars) and the ridge's; none for classes."""
     test = sources["test"].get("ordered") or sources["test"]
     if test.get("mae") is None:
         return {}
     baseline = sources["baseline_test"]
-    values = (test["mae"], test.get("quadratic_weighted_kappa"), baseline.get("mae"))
+    values = (
+        test["mae"],
+        test.get("quadratic_weighted_kappa"),
+        baseline.get("mae"),
+        baseline.get("quadratic_weighted_kappa"),
+    )
     return {name.format(scored_on): value for name, value in zip(_ORDERED_NAMES, values)}
 
 
