@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ratings_run import independent_logits, rating_recipe
+from test_ratings_run import independent_logits, tiny_rating_run
 
 from finetune.cli import main
 from finetune.config.tasks import ORDINAL, REGRESSION
@@ -30,20 +30,14 @@ SCALE = RatingScale(levels=(1.0, 2.0, 3.0, 4.0, 5.0), mean=3.1, std=1.3)
 NAMES = ("1", "2", "3", "4", "5")
 
 
-def trained(tmp_path_factory, tiny_model_dir, task: str) -> Path:
-    folder = tmp_path_factory.mktemp(f"exported-{task}")
-    assert main(["train", str(rating_recipe(folder, tiny_model_dir, task=task, num_train_epochs=2))]) == 0
-    return folder / "run"
-
-
 @pytest.fixture(scope="module")
 def regression_run(tmp_path_factory, tiny_model_dir) -> Path:
-    return trained(tmp_path_factory, tiny_model_dir, "regression")
+    return tiny_rating_run(tmp_path_factory, tiny_model_dir, "regression")
 
 
 @pytest.fixture(scope="module")
 def ordinal_run(tmp_path_factory, tiny_model_dir) -> Path:
-    return trained(tmp_path_factory, tiny_model_dir, "ordinal")
+    return tiny_rating_run(tmp_path_factory, tiny_model_dir, "ordinal")
 
 
 def fp32_stars(run: Path, reviews: list[str]) -> tuple[np.ndarray, np.ndarray]:

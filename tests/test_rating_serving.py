@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bad_input.common import run_cli
-from test_ratings_run import independent_logits, rated_reviews, rating_recipe, write_csv
+from test_ratings_run import independent_logits, rated_reviews, tiny_rating_run, write_csv
 
 from finetune.cli import main
 
@@ -31,20 +31,14 @@ REVIEWS = ["the product was great", "awful and broken", "it was okay really", "s
 LEVELS = ["1", "2", "3", "4", "5"]
 
 
-def trained(tmp_path_factory, tiny_model_dir, task: str) -> Path:
-    folder = tmp_path_factory.mktemp(f"served-{task}")
-    assert main(["train", str(rating_recipe(folder, tiny_model_dir, task=task, num_train_epochs=2))]) == 0
-    return folder / "run"
-
-
 @pytest.fixture(scope="module")
 def regression_run(tmp_path_factory, tiny_model_dir) -> Path:
-    return trained(tmp_path_factory, tiny_model_dir, "regression")
+    return tiny_rating_run(tmp_path_factory, tiny_model_dir, "regression")
 
 
 @pytest.fixture(scope="module")
 def ordinal_run(tmp_path_factory, tiny_model_dir) -> Path:
-    return trained(tmp_path_factory, tiny_model_dir, "ordinal")
+    return tiny_rating_run(tmp_path_factory, tiny_model_dir, "ordinal")
 
 
 def config_of(run: Path) -> dict:

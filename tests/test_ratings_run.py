@@ -75,6 +75,13 @@ def rating_recipe(folder: Path, model_dir: Path, **fields) -> Path:
     return recipe
 
 
+def tiny_rating_run(tmp_path_factory, tiny_model_dir, task: str) -> Path:
+    """A 2-epoch regression or ordinal run of :func:`rating_recipe` in a fresh folder (serve and export tests)."""
+    folder = tmp_path_factory.mktemp(f"rated-{task}")
+    assert main(["train", str(rating_recipe(folder, tiny_model_dir, task=task, num_train_epochs=2))]) == 0
+    return folder / "run"
+
+
 @pytest.fixture(scope="module")
 def regression_run(tmp_path_factory, tiny_model_dir) -> Path:
     folder = tmp_path_factory.mktemp("regression")
