@@ -161,12 +161,13 @@ CASES = [
             "raw_csv": False,
             "on_bad_text": "refuse",
             "threshold": None,
+            "check_ratings": False,
         },
     ),
     (
         (
             "predict m --input in.csv --output - --text_column body --batch_size 2 --overwrite --explain "
-            "--raw_csv --on_bad_text replace --threshold 0.3"
+            "--raw_csv --on_bad_text replace --threshold 0.3 --check_ratings"
         ),
         "predict:predict",
         {
@@ -180,6 +181,7 @@ CASES = [
             "raw_csv": True,
             "on_bad_text": "replace",
             "threshold": 0.3,
+            "check_ratings": True,
         },
     ),
     (
