@@ -69,16 +69,16 @@ def _score_stars(model_dir: Path, scoring: Any, level_names: list[str], batch_si
     """One model's ordered report on the scored reviews, and each review's absolute error in stars."""
     import numpy as np
 
-    from ..config.tasks import task_of_model
-    from ..data.ratings import RatingScale
-    from ..training.ordered_heads import from_outputs
+    from ..training.ordered_heads import StarReader, from_outputs
     from ..training.runs import checkpoint_step
     from .inference import load_inference_model, predict_probabilities, warn_if_model_changed
     from .ordered import ordered_report
 
     model, tokenizer = load_inference_model(model_dir, ratings_read=True)
     warn_if_model_changed(model_dir, "its scores")
-    task, scale = task_of_model(model.config), RatingScale.from_config(model.config)
+    # Read as predict and serve read it: a checkpoint whose config lost its scale is refused in one line.
+    stars = StarReader.of_config(model.config, model_dir)
+    task, scale = stars.task, stars.scale
     outputs = predict_probabilities(model, tokenizer, scoring.texts, batch_size, scoring.encoding)
     predicted_ratings, predicted_levels = from_outputs(outputs, task, scale)
     true_levels = np.asarray(scoring.labels, dtype=np.int64)
