@@ -1,4 +1,4 @@
-"""The last layer at first tokens only (finetune/training/first_tokens.py): the same logits and gradients.
+"""The last layer at first tokens only (finetune/fast_path/bert.py): the same logits and gradients.
 
 The reference is the stock model's own forward on the same padded batch.
 """
@@ -19,7 +19,7 @@ from transformers import (
 )
 
 from finetune.evaluation.inference import predict_probabilities
-from finetune.fast_path.first_tokens import LastLayerAtFirstTokens, reads_first_token_only
+from finetune.fast_path.bert import LastLayerAtFirstTokens, reads_first_token_only
 from finetune.training.modeling import resolve_model_path
 from finetune.training.pooling import add_mean_pooling_layer
 
@@ -68,7 +68,7 @@ def test_a_padded_batch_gives_the_same_logits_and_gradients(tiny_model_dir, mini
 
 def test_the_check_has_teeth_ignoring_the_key_mask_changes_the_logits(minilm, tokenizer, monkeypatch):
     """With every key read as real, padding leaks into the first token and the test above would fail."""
-    import finetune.fast_path.first_tokens as first_tokens
+    import finetune.fast_path.bert as first_tokens
 
     batch = DataCollatorWithPadding(tokenizer)([dict(tokenizer(text), labels=0) for text in REVIEWS])
     logits, _ = logits_and_gradients(minilm, batch, first_tokens=False)

@@ -13,10 +13,10 @@ import torch
 from helpers import flat_parameters, review_dataset, sgd_args, sgd_step
 from transformers import DataCollatorWithPadding, MPNetConfig, MPNetForSequenceClassification
 
-import finetune.fast_path.mpnet_attention as mpnet_attention
+import finetune.fast_path.mpnet as mpnet_attention
 from finetune import ReviewTrainer
 from finetune.evaluation.inference import _logits
-from finetune.fast_path.mpnet_attention import FusedMPNetAttention
+from finetune.fast_path.mpnet import FusedMPNetAttention
 from finetune.fast_path.packed_attention import PackedReading, packed_position_offset
 from finetune.fast_path.review_attention import biased_attention_with_dropout
 from finetune.training.micro_batches import pack

@@ -1,4 +1,4 @@
-"""Packed rows read as padded batches (finetune/training/packed_attention.py): logits and gradients within 1e-5.
+"""Packed rows read as padded batches (finetune/fast_path/packed_attention.py): logits and gradients within 1e-5.
 
 The reference is the stock model on a padded batch of the same reviews, with
 transformers' own SDPA attention and pooler: nothing of the packing is in it.

@@ -24,7 +24,7 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification
 
-from finetune.fast_path.mpnet_attention import FusedMPNetAttention
+from finetune.fast_path.mpnet import FusedMPNetAttention
 from finetune.training.modeling import resolve_model_path
 
 

@@ -27,7 +27,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 from finetune.config.recipes import load_recipe
 from finetune.data.splits import load_review_data
 from finetune.fast_path import dropout_masks, packed_attention, review_attention
-from finetune.fast_path.first_tokens import LastLayerAtFirstTokens
+from finetune.fast_path.bert import LastLayerAtFirstTokens
 from finetune.fast_path.packed_attention import PackedReading, attention_group_limit
 from finetune.training import micro_batches
 from finetune.training.micro_batches import pack

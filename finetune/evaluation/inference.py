@@ -19,7 +19,7 @@ from ..errors import FinetuneError
 from ..export.fallback import Int8WithFallback, read_fallback
 from ..export.onnxruntime import OnnxClassifier, is_onnx_folder, require_onnx_runtime
 from ..export.openvino import OpenVinoClassifier, is_openvino_folder, require_openvino
-from ..fast_path.first_tokens import reading_first_tokens
+from ..fast_path.bert import reading_first_tokens
 from ..training.ordered_heads import rating_outputs
 from .length_batches import CPU_PASS_COST_TOKENS, length_batches
 

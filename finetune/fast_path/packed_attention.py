@@ -14,9 +14,9 @@ model for a run and removed after, so that the saved folder stays a plain
   and only up to the longest review of a group. Inputs without the layout
   (padded batches, evaluation) go to SDPA as before.
 - **the last layer** computes each review's first token only
-  (:mod:`.first_tokens`): the head reads nothing else, and it turns the row
+  (:mod:`.bert`): the head reads nothing else, and it turns the row
   into one output per review.
-- **MPNet** reads packed rows through :mod:`.mpnet_attention` instead (SDPA
+- **MPNet** reads packed rows through :mod:`.mpnet` instead (SDPA
   per group of reviews, its relative-position bias in each group's mask, each
   review's first token out of the encoder), with position ids counted from
   its padding id + 1, as MPNet counts them.
@@ -27,70 +27,25 @@ model for a run and removed after, so that the saved folder stays a plain
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface
 
 from ..errors import FinetuneError
+from .bert import PACKED_ATTENTION, LastLayerAtFirstTokens, reads_first_token_only
 from .dropout_masks import cheaper_dropout
-from .first_tokens import LastLayerAtFirstTokens, reads_first_token_only
-from .mask_without_reads import sdpa_mask_without_reads
 from .models import classifier_of
-from .mpnet_attention import FusedMPNetAttention, classifier_name
-from .review_attention import attention_per_review
+from .mpnet import FusedMPNetAttention, classifier_name
 
 # Model types whose layers are all token-wise but attention: BERT's attention goes through
-# AttentionInterface with absolute positions from position_ids; MPNet's (a relative bias) through mpnet_attention.
+# AttentionInterface with absolute positions from position_ids; MPNet's (a relative bias) through mpnet.py.
 PACKABLE_MODEL_TYPES = ("bert", "mpnet")
-PACKED_ATTENTION = "finetune_packed_sdpa"
-# Per group of reviews of like length: the row position of each padded slot, which slots are real, and
-# the real slots' flat indices (see micro_batches.attention_layout).
-ReviewGroups = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]
-
-
-def packed_sdpa_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    review_groups: ReviewGroups | None = None,
-    review_order: torch.Tensor | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Attention within each review of a packed row (``review_groups`` given), else plain SDPA.
-
-    ``query``, ``key`` and ``value`` are ``[1, heads, tokens, head_dim]``;
-    returns ``[1, tokens, heads, head_dim]``, as transformers' SDPA function
-    does. The layout (:func:`..micro_batches.attention_layout`) says which
-    reviews share a call and where their tokens go.
-    """
-    if review_groups is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
-    # [1, heads, tokens, dim] -> [tokens, heads, dim]: a token's row of every head, to gather by token.
-    per_token = [row[0].transpose(0, 1) for row in (query, key, value)]
-    key_masks = [key_mask[:, None, None, :] for _, key_mask, _ in review_groups]
-    output = attention_per_review(per_token, review_groups, key_masks, review_order, dropout, scaling)
-    return output.unsqueeze(0), None
-
-
-AttentionInterface.register(PACKED_ATTENTION, packed_sdpa_attention)
-# Padded batches (validation inside a packed run) get SDPA's padding mask, as under "sdpa", without its host
-# read; a packed row has no attention mask and gets none.
-AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask_without_reads)
 
 
 def check_packable(model: nn.Module) -> None:
     """Refuse, with the fix, a model whose packed rows would not read as its padded batches."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type == "mpnet" and classifier_name(model) == "MPNetForSequenceClassification":
-        return  # read through mpnet_attention, whatever attention it was loaded with
+        return  # read through mpnet.py, whatever attention it was loaded with
     if model_type not in PACKABLE_MODEL_TYPES or not reads_first_token_only(model):
         raise FinetuneError(
             f"padding_free works with BERT and MPNet classifiers (model_type {', '.join(PACKABLE_MODEL_TYPES)}) "

@@ -83,9 +83,9 @@ from ..data.class_weights import (
 from ..data.collation import faster_collator
 from ..data.columns import column_values, token_counts
 from ..errors import FinetuneError
-from ..fast_path.first_tokens import reading_first_tokens
+from ..fast_path.bert import reading_first_tokens
 from ..fast_path.mask_without_reads import MaskWithoutReads
-from ..fast_path.mpnet_attention import FusedMPNetAttention
+from ..fast_path.mpnet import FusedMPNetAttention
 from ..fast_path.packed_attention import PackedReading, attention_group_limit, packed_position_offset
 from .accumulation import (
     epochs_to_run,
@@ -178,7 +178,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # and whether pieces are packed rows. Neither set: the dataloader's micro-batches, as stock.
         self.micro_batch_tokens: int | None = getattr(self.args, "micro_batch_tokens", None)
         self.padding_free: bool = bool(getattr(self.args, "padding_free", False))
-        # MPNet's attention through SDPA (see mpnet_attention.py); stock TrainingArguments get it too.
+        # MPNet's attention through SDPA (see fast_path/mpnet.py); stock TrainingArguments get it too.
         self.fused_attention: bool = bool(getattr(self.args, "fused_attention", True))
         self._piece_collator: Any = None  # the run's collator, applied to each piece once a window is cut
         # A packed row's position ids start where the model's do (MPNet's after its padding id).
@@ -276,9 +276,9 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
 
         A BERT classifier's last layer computes only its first tokens: the head
         reads nothing else, so the logits (and the loss) are the same and about a
-        sixth of the work goes (:mod:`.first_tokens`); a run with ``padding_free``
+        sixth of the work goes (:mod:`.bert`); a run with ``padding_free``
         has it installed already, for training. MPNet's attention goes through
-        SDPA (:mod:`.mpnet_attention`) unless ``fused_attention`` is false. Rows
+        SDPA (:mod:`.mpnet`) unless ``fused_attention`` is false. Rows
         scored sorted by length come back in dataset order (:mod:`.sorted_evaluation`).
         """
         order = sorted_order(dataloader)

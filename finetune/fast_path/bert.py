@@ -26,9 +26,53 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface
 
+from .mask_without_reads import sdpa_mask_without_reads
 from .models import classifier_of
-from .review_attention import attention, first_token_attention_per_review
+from .review_attention import attention, attention_per_review, first_token_attention_per_review
+
+PACKED_ATTENTION = "finetune_packed_sdpa"
+# Per group of reviews of like length: the row position of each padded slot, which slots are real, and
+# the real slots' flat indices (see micro_batches.attention_layout).
+ReviewGroups = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]
+
+
+def packed_sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    review_groups: ReviewGroups | None = None,
+    review_order: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention within each review of a packed row (``review_groups`` given), else plain SDPA.
+
+    ``query``, ``key`` and ``value`` are ``[1, heads, tokens, head_dim]``;
+    returns ``[1, tokens, heads, head_dim]``, as transformers' SDPA function
+    does. The layout (:func:`..micro_batches.attention_layout`) says which
+    reviews share a call and where their tokens go.
+    """
+    if review_groups is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
+    # [1, heads, tokens, dim] -> [tokens, heads, dim]: a token's row of every head, to gather by token.
+    per_token = [row[0].transpose(0, 1) for row in (query, key, value)]
+    key_masks = [key_mask[:, None, None, :] for _, key_mask, _ in review_groups]
+    output = attention_per_review(per_token, review_groups, key_masks, review_order, dropout, scaling)
+    return output.unsqueeze(0), None
+
+
+AttentionInterface.register(PACKED_ATTENTION, packed_sdpa_attention)
+# Padded batches (validation inside a packed run) get SDPA's padding mask, as under "sdpa", without its host
+# read; a packed row has no attention mask and gets none.
+AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask_without_reads)
+
 
 # Classifiers whose head reads the encoder's first token only.
 FIRST_TOKEN_HEADS = ("BertForSequenceClassification",)
@@ -46,10 +90,10 @@ def reading_first_tokens(model: nn.Module, fused_attention: bool = True) -> Iter
 
     A BERT classifier's last layer computes its first tokens only
     (:class:`LastLayerAtFirstTokens`); an MPNet classifier's attention goes
-    through SDPA, its last layer at first tokens too (:mod:`.mpnet_attention`,
+    through SDPA, its last layer at first tokens too (:mod:`.mpnet`,
     unless ``fused_attention`` is false). Other models are read as they are.
     """
-    from .mpnet_attention import FusedMPNetAttention
+    from .mpnet import FusedMPNetAttention
 
     if reads_first_token_only(model):
         installed: Any = LastLayerAtFirstTokens(model)
