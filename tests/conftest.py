@@ -139,3 +139,19 @@ def signals_left_as_found():
     yield
     after = _signals_children_inherit()
     assert after == before, f"SIGINT / SIGTERM (ignored, blocked) left as {after}, found as {before}"
+
+
+@pytest.fixture(scope="session")
+def tiny_regression_run(tmp_path_factory, tiny_model_dir):
+    """A 2-epoch star-rating regression run of the tiny BERT (the ratings serve and export tests read it)."""
+    from test_ratings_run import tiny_rating_run
+
+    return tiny_rating_run(tmp_path_factory, tiny_model_dir, "regression")
+
+
+@pytest.fixture(scope="session")
+def tiny_ordinal_run(tmp_path_factory, tiny_model_dir):
+    """A 2-epoch ordinal (CORN) run of the tiny BERT, as :func:`tiny_regression_run`."""
+    from test_ratings_run import tiny_rating_run
+
+    return tiny_rating_run(tmp_path_factory, tiny_model_dir, "ordinal")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ratings_run import independent_logits, tiny_rating_run
+from test_ratings_run import independent_logits
 
 from finetune.cli import main
 from finetune.config.tasks import ORDINAL, REGRESSION
@@ -28,16 +28,6 @@ pytest.importorskip("openvino", reason="finetune export needs the [export] extra
 DECODING_FIELDS = ("finetune_task", "rating_levels", "rating_mean", "rating_std", "rating_decoding", "problem_type")
 SCALE = RatingScale(levels=(1.0, 2.0, 3.0, 4.0, 5.0), mean=3.1, std=1.3)
 NAMES = ("1", "2", "3", "4", "5")
-
-
-@pytest.fixture(scope="module")
-def regression_run(tmp_path_factory, tiny_model_dir) -> Path:
-    return tiny_rating_run(tmp_path_factory, tiny_model_dir, "regression")
-
-
-@pytest.fixture(scope="module")
-def ordinal_run(tmp_path_factory, tiny_model_dir) -> Path:
-    return tiny_rating_run(tmp_path_factory, tiny_model_dir, "ordinal")
 
 
 def fp32_stars(run: Path, reviews: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -62,9 +52,9 @@ def predicted_rows(model: Path, reviews_file: Path, output: Path) -> list[dict]:
     ("task", "backend"), [("regression", "onnxruntime"), ("ordinal", "onnxruntime"), ("regression", "openvino")]
 )
 def test_the_export_keeps_the_decoding_and_records_its_agreement_with_fp32(
-    regression_run, ordinal_run, tmp_path, capsys, task, backend
+    tiny_regression_run, tiny_ordinal_run, tmp_path, capsys, task, backend
 ):
-    run = regression_run if task == "regression" else ordinal_run
+    run = tiny_regression_run if task == "regression" else tiny_ordinal_run
     exported = tmp_path / f"{task}-int8"
     assert main(["export", str(run), "--int8", "--backend", backend, "--output", str(exported)]) == 0
     error = capsys.readouterr().err
@@ -90,13 +80,13 @@ def test_the_export_keeps_the_decoding_and_records_its_agreement_with_fp32(
     assert served.task == task and served.predict([rows[0]["review"]])[0]["label"] == rows[0]["label"]
 
 
-def test_fp32_fallback_on_ordinal_rescores_every_review_at_margin_1(ordinal_run, tmp_path, capsys):
+def test_fp32_fallback_on_ordinal_rescores_every_review_at_margin_1(tiny_ordinal_run, tmp_path, capsys):
     """At margin 1 every P(rating > level) is within it of 0.5: the export gives fp32's stars, all rescored."""
     from finetune.evaluation.inference import load_inference_model, predict_probabilities
     from finetune.export.fallback import Int8WithFallback
 
     exported = tmp_path / "ordinal-int8"
-    command = ["export", str(ordinal_run), "--int8", "--backend", "onnxruntime", "--output", str(exported)]
+    command = ["export", str(tiny_ordinal_run), "--int8", "--backend", "onnxruntime", "--output", str(exported)]
     assert main([*command, "--fp32_fallback", "1"]) == 0
     record = json.loads((exported / "export.json").read_text())
     assert "int8 P(rating > level) within margin of 0.5" in record["fp32_fallback"]["rule"]
@@ -105,7 +95,7 @@ def test_fp32_fallback_on_ordinal_rescores_every_review_at_margin_1(ordinal_run,
     assert isinstance(model, Int8WithFallback) and model.stars.task == ORDINAL
     reviews = ["great product", "awful and broken", "okay"]
     outputs = predict_probabilities(model, tokenizer, reviews)
-    above = np.cumprod(1 / (1 + np.exp(-independent_logits(ordinal_run, reviews))), axis=1)
+    above = np.cumprod(1 / (1 + np.exp(-independent_logits(tiny_ordinal_run, reviews))), axis=1)
     assert model.rescored == 3 and np.allclose(outputs, above, atol=1e-5)
     capsys.readouterr()
 

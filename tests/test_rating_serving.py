@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bad_input.common import run_cli
-from test_ratings_run import independent_logits, rated_reviews, tiny_rating_run, write_csv
+from test_ratings_run import independent_logits, rated_reviews, write_csv
 
 from finetune.cli import main
 
@@ -29,16 +29,6 @@ from finetune.serve.model import load_served_model
 
 REVIEWS = ["the product was great", "awful and broken", "it was okay really", "solid and good"]
 LEVELS = ["1", "2", "3", "4", "5"]
-
-
-@pytest.fixture(scope="module")
-def regression_run(tmp_path_factory, tiny_model_dir) -> Path:
-    return tiny_rating_run(tmp_path_factory, tiny_model_dir, "regression")
-
-
-@pytest.fixture(scope="module")
-def ordinal_run(tmp_path_factory, tiny_model_dir) -> Path:
-    return tiny_rating_run(tmp_path_factory, tiny_model_dir, "ordinal")
 
 
 def config_of(run: Path) -> dict:
@@ -55,26 +45,26 @@ def answers(run: Path) -> tuple[list[dict], dict, object]:
     return predicted.json()["results"], info, explained
 
 
-def test_serve_rates_a_regression_review_as_its_config_decodes(regression_run):
-    results, info, explained = answers(regression_run)
-    config = config_of(regression_run)
+def test_serve_rates_a_regression_review_as_its_config_decodes(tiny_regression_run):
+    results, info, explained = answers(tiny_regression_run)
+    config = config_of(tiny_regression_run)
     levels = np.array(config["rating_levels"])
-    logits = independent_logits(regression_run, REVIEWS)[:, 0]
+    logits = independent_logits(tiny_regression_run, REVIEWS)[:, 0]
     ratings = np.clip(config["rating_mean"] + config["rating_std"] * logits, levels.min(), levels.max())
     nearest = [LEVELS[int(np.abs(levels - rating).argmin())] for rating in ratings]
     assert [set(result) for result in results] == [{"rating", "label"}] * len(REVIEWS)  # no prob_above
     assert [result["rating"] for result in results] == pytest.approx(ratings, abs=1e-4)
     assert [result["label"] for result in results] == nearest
     assert info["task"] == "regression" and info["classes"] == LEVELS
-    report = json.loads((regression_run / "test_report.json").read_text(encoding="utf-8"))
+    report = json.loads((tiny_regression_run / "test_report.json").read_text(encoding="utf-8"))
     assert info["test"]["mae"] == report["mae"] and info["explain"] is False
     assert explained.status_code == 501
     assert "rates stars (a regression run), and /explain gives the words" in explained.json()["error"]
 
 
-def test_serve_rates_an_ordinal_review_by_corns_running_product(ordinal_run):
-    results, info, _ = answers(ordinal_run)
-    logits = independent_logits(ordinal_run, REVIEWS)
+def test_serve_rates_an_ordinal_review_by_corns_running_product(tiny_ordinal_run):
+    results, info, _ = answers(tiny_ordinal_run)
+    logits = independent_logits(tiny_ordinal_run, REVIEWS)
     above = np.cumprod(1 / (1 + np.exp(-logits)), axis=1)
     levels = (above > 0.5).sum(axis=1)
     assert [result["label"] for result in results] == [LEVELS[level] for level in levels]
@@ -85,15 +75,15 @@ def test_serve_rates_an_ordinal_review_by_corns_running_product(ordinal_run):
     assert info["task"] == "ordinal" and info["classes"] == LEVELS
 
 
-def test_serve_and_predict_give_a_review_the_same_stars(ordinal_run, tmp_path):
+def test_serve_and_predict_give_a_review_the_same_stars(tiny_ordinal_run, tmp_path):
     """One decoding: predict's columns and serve's answer for the same reviews."""
     reviews = tmp_path / "reviews.csv"
     write_csv(reviews, [{"review": review, "stars": ""} for review in REVIEWS])
     output = tmp_path / "rated.csv"
-    assert main(["predict", str(ordinal_run), "--input", str(reviews), "--output", str(output)]) == 0
+    assert main(["predict", str(tiny_ordinal_run), "--input", str(reviews), "--output", str(output)]) == 0
     with output.open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    served = load_served_model(ordinal_run).predict(REVIEWS)
+    served = load_served_model(tiny_ordinal_run).predict(REVIEWS)
     assert [row["label"] for row in rows] == [result["label"] for result in served]
     assert [float(row["prob_above_2"]) for row in rows] == [result["prob_above"]["2"] for result in served]
 
@@ -118,10 +108,10 @@ def rated_file(tmp_path: Path, bad: str | None) -> Path:
         ("nan", "is not a finite number"),
     ],
 )
-def test_check_ratings_refuses_a_rating_the_model_cannot_hold(regression_run, tmp_path, capsys, bad, problem):
+def test_check_ratings_refuses_a_rating_the_model_cannot_hold(tiny_regression_run, tmp_path, capsys, bad, problem):
     given = rated_file(tmp_path, bad)
     output = tmp_path / "rated.csv"
-    command = ["predict", regression_run, "--input", given, "--output", output, "--check_ratings"]
+    command = ["predict", tiny_regression_run, "--input", given, "--output", output, "--check_ratings"]
     message = run_cli(command, capsys)
     assert message == (
         f"error: {given} row 3: rating {bad!r} in 'stars' {problem}; fix the row, or leave out --check_ratings"
@@ -129,28 +119,28 @@ def test_check_ratings_refuses_a_rating_the_model_cannot_hold(regression_run, tm
     assert list(tmp_path.iterdir()) == [given]  # no output, no partial file
 
 
-def test_check_ratings_refuses_a_nan_in_json_lines_before_anything_reaches_stdout(ordinal_run, tmp_path, capsys):
+def test_check_ratings_refuses_a_nan_in_json_lines_before_anything_reaches_stdout(tiny_ordinal_run, tmp_path, capsys):
     given = tmp_path / "given.jsonl"
     given.write_text('{"review": "good", "stars": 4}\n{"review": "awful", "stars": NaN}\n', encoding="utf-8")
-    message = run_cli(["predict", ordinal_run, "--input", given, "--check_ratings"], capsys)
+    message = run_cli(["predict", tiny_ordinal_run, "--input", given, "--check_ratings"], capsys)
     assert message == (
         f"error: {given} row 2: rating nan in 'stars' is not a finite number; fix the row, or leave out --check_ratings"
     )
     assert capsys.readouterr().out == ""
 
 
-def test_check_ratings_passes_ratings_within_the_levels_and_empty_cells(regression_run, tmp_path):
+def test_check_ratings_passes_ratings_within_the_levels_and_empty_cells(tiny_regression_run, tmp_path):
     given = rated_file(tmp_path, "")  # a review with no rating is not checked
     output = tmp_path / "rated.csv"
-    command = ["predict", str(regression_run), "--input", str(given), "--output", str(output), "--check_ratings"]
+    command = ["predict", str(tiny_regression_run), "--input", str(given), "--output", str(output), "--check_ratings"]
     assert main(command) == 0
     assert len(output.read_text(encoding="utf-8").splitlines()) == 7
 
 
-def test_check_ratings_needs_the_runs_rating_column(regression_run, tmp_path, capsys):
+def test_check_ratings_needs_the_runs_rating_column(tiny_regression_run, tmp_path, capsys):
     given = tmp_path / "given.csv"
     given.write_text("review,score\ngood,4\n", encoding="utf-8")
-    message = run_cli(["predict", regression_run, "--input", given, "--check_ratings"], capsys)
+    message = run_cli(["predict", tiny_regression_run, "--input", given, "--check_ratings"], capsys)
     assert message == (
         f"error: --check_ratings reads the ratings in the run's label_column 'stars', and {given} has no such column; "
         "name the rating column 'stars', or leave out --check_ratings"
@@ -166,7 +156,7 @@ def test_check_ratings_is_for_a_ratings_run(served_run, tmp_path, capsys):
     )
 
 
-def test_the_page_shows_each_reviews_stars_and_prob_above(ordinal_run, tmp_path):
+def test_the_page_shows_each_reviews_stars_and_prob_above(tiny_ordinal_run, tmp_path):
     """In headless Chromium, as a person would: the stars of the level CORN decodes, one bar per P(rating > level)."""
     import shutil
 
@@ -176,7 +166,7 @@ def test_the_page_shows_each_reviews_stars_and_prob_above(ordinal_run, tmp_path)
         pytest.skip("no Chromium on this machine (apt-get install chromium)")
     from serving import ServerProcess
 
-    server = ServerProcess(ordinal_run, tmp_path / "serve.log", "--threads", "1")
+    server = ServerProcess(tiny_ordinal_run, tmp_path / "serve.log", "--threads", "1")
     try:
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
@@ -194,6 +184,8 @@ def test_the_page_shows_each_reviews_stars_and_prob_above(ordinal_run, tmp_path)
             browser.close()
     finally:
         assert server.stop() == 0, (tmp_path / "serve.log").read_text()
-    levels = (np.cumprod(1 / (1 + np.exp(-independent_logits(ordinal_run, REVIEWS[:2]))), axis=1) > 0.5).sum(axis=1)
+    levels = (np.cumprod(1 / (1 + np.exp(-independent_logits(tiny_ordinal_run, REVIEWS[:2]))), axis=1) > 0.5).sum(
+        axis=1
+    )
     assert glyphs == ["★" * (level + 1) + "☆" * (4 - level) for level in levels]
     assert bars == ["> 1", "> 2", "> 3", "> 4"] and heading == "Stars" and button == "Rate"
