@@ -378,7 +378,7 @@ def test_padding_free_is_refused_for_a_token_level_loss(tmp_path):
         train_dataset=dataset,
         data_collator=pad_rows,
     )
-    with pytest.raises(FinetuneError, match="padding_free works with BERT and MPNet classifiers"):
+    with pytest.raises(FinetuneError, match="padding_free works with the sequence classifiers of BERT"):
         trainer.train()
 
 

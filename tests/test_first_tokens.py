@@ -19,7 +19,8 @@ from transformers import (
 )
 
 from finetune.evaluation.inference import predict_probabilities
-from finetune.fast_path.bert import LastLayerAtFirstTokens, reads_first_token_only
+from finetune.fast_path.bert import LastLayerAtFirstTokens
+from finetune.fast_path.families import family_of
 from finetune.training.modeling import resolve_model_path
 from finetune.training.pooling import add_mean_pooling_layer
 
@@ -78,8 +79,9 @@ def test_the_check_has_teeth_ignoring_the_key_mask_changes_the_logits(minilm, to
 
 
 def test_only_classifiers_whose_head_reads_the_first_token():
-    assert reads_first_token_only(BertForSequenceClassification(BertModel.config_class(num_hidden_layers=1)))
-    assert not reads_first_token_only(
+    assert family_of(BertForSequenceClassification(BertModel.config_class(num_hidden_layers=1))).name == "BERT"
+    assert family_of(BertModel(BertModel.config_class(num_hidden_layers=1))) is None  # no head: stock
+    assert not family_of(
         DistilBertForSequenceClassification(DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2))
     )
 

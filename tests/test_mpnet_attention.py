@@ -16,8 +16,9 @@ from transformers import DataCollatorWithPadding, MPNetConfig, MPNetForSequenceC
 import finetune.fast_path.mpnet as mpnet_attention
 from finetune import ReviewTrainer
 from finetune.evaluation.inference import _logits
+from finetune.fast_path import readings
 from finetune.fast_path.mpnet import FusedMPNetAttention
-from finetune.fast_path.packed_attention import PackedReading, packed_position_offset
+from finetune.fast_path.packed_attention import PackedReading
 from finetune.fast_path.review_attention import biased_attention_with_dropout
 from finetune.training.micro_batches import pack
 
@@ -245,7 +246,7 @@ def padded_and_packed_mpnet(model, tokenizer, position_offset: int, max_group_sc
 @pytest.mark.parametrize("max_group_scores", [None, 1])
 def test_packed_rows_equal_the_eager_padded_batch(tokenizer, max_group_scores):
     model = tiny_mpnet(tokenizer)
-    offset = packed_position_offset(model)
+    offset = readings.position_offset(model)
     assert offset == 2  # MPNet counts positions from its padding id (1) + 1
     (logits, gradients), (packed_logits, packed_gradients) = padded_and_packed_mpnet(
         model, tokenizer, offset, max_group_scores

@@ -19,12 +19,8 @@ from transformers import (
 )
 
 from finetune.errors import FinetuneError
-from finetune.fast_path.packed_attention import (
-    CPU_ATTENTION_GROUP_BYTES,
-    PACKED_ATTENTION,
-    PackedReading,
-    attention_group_limit,
-)
+from finetune.fast_path.bert import PACKED_ATTENTION
+from finetune.fast_path.packed_attention import CPU_ATTENTION_GROUP_BYTES, PackedReading, attention_group_limit
 from finetune.fast_path.review_attention import attention
 from finetune.training.micro_batches import pack
 from finetune.training.modeling import resolve_model_path
@@ -147,7 +143,8 @@ def test_a_model_that_cannot_be_packed_is_refused_with_the_fix():
         DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2, hidden_dim=37)
     )
     with pytest.raises(
-        FinetuneError, match=r"padding_free works with BERT and MPNet classifiers .* set padding_free: false"
+        FinetuneError,
+        match=r"padding_free works with the sequence classifiers of BERT .* RoBERTa .* set padding_free: false",
     ):
         PackedReading(model)
 

@@ -569,7 +569,8 @@ class FinetuneTrainingArguments(TrainingArguments):
         metadata={
             "help": (
                 "Pack each micro-batch's reviews end to end in one row, with attention kept within each "
-                "review, so no padding token is computed (BERT and MPNet models); the saved model is unchanged."
+                "review, so no padding token is computed (BERT, RoBERTa and MPNet classifiers); "
+                "the saved model is unchanged."
             )
         },
     )

@@ -19,7 +19,7 @@ from ..errors import FinetuneError
 from ..export.fallback import Int8WithFallback, read_fallback
 from ..export.onnxruntime import OnnxClassifier, is_onnx_folder, require_onnx_runtime
 from ..export.openvino import OpenVinoClassifier, is_openvino_folder, require_openvino
-from ..fast_path.bert import reading_first_tokens
+from ..fast_path.readings import reading_for_scores
 from ..training.ordered_heads import rating_outputs
 from .length_batches import CPU_PASS_COST_TOKENS, length_batches
 
@@ -201,7 +201,7 @@ def _logits(
     logits = np.zeros((len(rows["input_ids"]), model.config.num_labels), dtype=np.float64)
     # The last layer computes only the first tokens the head reads, MPNet's attention goes through SDPA:
     # the same logits (docs/speed.md).
-    reading = contextlib.nullcontext() if exported else reading_first_tokens(model)
+    reading = contextlib.nullcontext() if exported else reading_for_scores(model)
     with torch.inference_mode(), reading:
         for chosen in batches:
             batch = collator([{name: rows[name][row] for name in inputs} for row in chosen])

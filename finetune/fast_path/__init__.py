@@ -1,1 +1,1 @@
-"""Cheaper readings of a BERT or MPNet classifier (packed rows, first tokens, masks, SDPA), installed for a run."""
+"""Cheaper readings of a classifier for the same logits, one module per model family; enter through readings.py."""

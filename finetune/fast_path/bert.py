@@ -1,27 +1,32 @@
-"""The last encoder layer computed at each review's first token only.
+"""The BERT family's readings (BERT and RoBERTa): first tokens only, and packed rows read per review.
 
-``BertForSequenceClassification`` reads the encoder's output at position 0
-and nowhere else (its pooler takes ``[:, 0]``; the mean-pooling layer of
-:mod:`.pooling` is a last layer like any other, its first token holding the
-mean). So the last layer's queries, attention output and feed-forward at
-every other token are computed to be thrown away: about a sixth of a 6-layer
-model's work. :class:`LastLayerAtFirstTokens` computes that layer's keys and
-values from every token, as before, and the rest at first tokens only; its
-output is ``[reviews, 1, hidden]``, which the pooler reads as it read the
-full one. The logits and every gradient are the same
-(``tests/test_packed_attention.py``); hidden states or attentions of the
-last layer, which a classifier's forward does not return by default, are not
-computed.
+**First tokens.** ``BertForSequenceClassification`` reads the encoder's
+output at position 0 and nowhere else (its pooler takes ``[:, 0]``; the
+mean-pooling layer of :mod:`..training.pooling` is a last layer like any
+other, its first token holding the mean), and RoBERTa's head takes
+``features[:, 0, :]``. So the last layer's queries, attention output and
+feed-forward at every other token are computed to be thrown away: about a
+sixth of a 6-layer model's work. :class:`LastLayerAtFirstTokens` computes that
+layer's keys and values from every token, as before, and the rest at first
+tokens only; its output is ``[reviews, 1, hidden]``, which the head reads as
+it read the full one. The logits and every gradient are the same
+(``tests/test_first_tokens.py``); hidden states or attentions of the last
+layer, which a classifier's forward does not return by default, are not
+computed. It reads padded batches (the attention mask's first row gives each
+review's keys) and packed rows.
 
-It reads padded batches (the attention mask's first row gives each review's
-keys) and packed rows (:mod:`.micro_batches`' layout), and is installed for a
-run or a prediction and removed after.
+**Packed rows** (:mod:`..training.micro_batches`' layout, one row of reviews
+end to end): every layer but attention works token by token, so attention is
+the one change. :func:`packed_sdpa_attention`, registered with transformers'
+``AttentionInterface``, gathers the row's queries, keys and values into padded
+batches of reviews of like length, runs attention there with each review's key
+mask, and puts the real tokens back in row order; the last layer then computes
+first tokens only (:class:`PackedBertReading`). RoBERTa's layers are BERT's;
+only its position ids differ (they start after its padding id).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -30,6 +35,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
+from ..errors import FinetuneError
+from .families import ModelFamily, count_after_padding, count_from_zero, register_family
 from .mask_without_reads import sdpa_mask_without_reads
 from .models import classifier_of
 from .review_attention import attention, attention_per_review, first_token_attention_per_review
@@ -72,38 +79,6 @@ AttentionInterface.register(PACKED_ATTENTION, packed_sdpa_attention)
 # Padded batches (validation inside a packed run) get SDPA's padding mask, as under "sdpa", without its host
 # read; a packed row has no attention mask and gets none.
 AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask_without_reads)
-
-
-# Classifiers whose head reads the encoder's first token only.
-FIRST_TOKEN_HEADS = ("BertForSequenceClassification",)
-
-
-def reads_first_token_only(model: nn.Module) -> bool:
-    """Whether ``model``'s head reads the encoder's output at position 0 only (a BERT classifier)."""
-    inner = classifier_of(model)
-    return type(inner).__name__ in FIRST_TOKEN_HEADS and not getattr(inner.config, "is_decoder", False)
-
-
-@contextlib.contextmanager
-def reading_first_tokens(model: nn.Module, fused_attention: bool = True) -> Iterator[None]:
-    """``model`` read for its classifier's logits alone while the block runs: the same logits, less work.
-
-    A BERT classifier's last layer computes its first tokens only
-    (:class:`LastLayerAtFirstTokens`); an MPNet classifier's attention goes
-    through SDPA, its last layer at first tokens too (:mod:`.mpnet`,
-    unless ``fused_attention`` is false). Other models are read as they are.
-    """
-    from .mpnet import FusedMPNetAttention
-
-    if reads_first_token_only(model):
-        installed: Any = LastLayerAtFirstTokens(model)
-    else:
-        installed = FusedMPNetAttention(model) if fused_attention else None
-    try:
-        yield
-    finally:
-        if installed is not None:
-            installed.remove()
 
 
 class LastLayerAtFirstTokens:
@@ -181,3 +156,47 @@ def _packed_first_tokens(
         dropout,
         self_attention.scaling,
     )
+
+
+class PackedBertReading:
+    """Packed rows read per review on a BERT or RoBERTa classifier until :meth:`remove`; padded batches as before.
+
+    Attention goes through :func:`packed_sdpa_attention` (per review where a
+    row's layout is given, SDPA otherwise), and the last layer cuts a packed
+    row to one output per review, the first tokens the head reads.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.original_attention = model.config._attn_implementation
+        # Padded batches (evaluation) keep going through SDPA, so the model must have been using it.
+        if self.original_attention not in ("sdpa", PACKED_ATTENTION):
+            raise FinetuneError(
+                f"padding_free needs attn_implementation sdpa, and this model uses {self.original_attention!r}; "
+                "load it with attn_implementation='sdpa' or set padding_free: false"
+            )
+        self.model = model
+        model.set_attn_implementation(PACKED_ATTENTION)
+        self._last_layer = LastLayerAtFirstTokens(model)
+
+    def remove(self) -> None:
+        """Put the model's own attention and last layer back."""
+        self.model.set_attn_implementation(self.original_attention)
+        self._last_layer.remove()
+
+
+def _bert_family(name: str, classifier: str, position_offset: Any) -> ModelFamily:
+    """A family read as BERT is: its layers, attention and head are BERT's, whatever its positions."""
+    return ModelFamily(
+        name=name,
+        classifier=classifier,
+        scoring=lambda model, fused_attention: LastLayerAtFirstTokens(model),
+        # Padded training batches read as stock; their masks skip transformers' host read (readings.py).
+        padded_training=lambda model, fused_attention: None,
+        packed_training=PackedBertReading,
+        position_offset=position_offset,
+    )
+
+
+register_family("bert", _bert_family("BERT", "BertForSequenceClassification", count_from_zero))
+# RoBERTa's layers are BERT's; its positions start after its padding id and its head reads the first token.
+register_family("roberta", _bert_family("RoBERTa", "RobertaForSequenceClassification", count_after_padding))

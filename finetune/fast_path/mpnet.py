@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from .families import ModelFamily, count_after_padding, register_family
 from .models import classifier_of
 from .review_attention import attention_per_review, first_token_attention_per_review, masked_attention
 
@@ -314,3 +315,22 @@ def _bias_and_padding_mask(
     dtype = _compute_dtype(hidden_states)
     summed = summed.clamp(min=torch.finfo(dtype).min).to(dtype)
     return summed.expand(hidden_states.shape[0], -1, length, length)
+
+
+def _fused_unless_asked_not_to(model: nn.Module, fused_attention: bool) -> FusedMPNetAttention | None:
+    """MPNet's attention through SDPA, unless ``fused_attention`` is false (then transformers' eager code)."""
+    return FusedMPNetAttention(model) if fused_attention else None
+
+
+register_family(
+    "mpnet",
+    ModelFamily(
+        name="MPNet",
+        classifier="MPNetForSequenceClassification",
+        scoring=_fused_unless_asked_not_to,
+        padded_training=_fused_unless_asked_not_to,
+        # Attention per review group with MPNet's bias; the encoder returns each review's first token.
+        packed_training=lambda model: FusedMPNetAttention(model, packed_rows=True),
+        position_offset=count_after_padding,
+    ),
+)

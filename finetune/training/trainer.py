@@ -83,10 +83,8 @@ from ..data.class_weights import (
 from ..data.collation import faster_collator
 from ..data.columns import column_values, token_counts
 from ..errors import FinetuneError
-from ..fast_path.bert import reading_first_tokens
-from ..fast_path.mask_without_reads import MaskWithoutReads
-from ..fast_path.mpnet import FusedMPNetAttention
-from ..fast_path.packed_attention import PackedReading, attention_group_limit, packed_position_offset
+from ..fast_path.packed_attention import attention_group_limit
+from ..fast_path.readings import position_offset, reading_for_scores, reading_for_training
 from .accumulation import (
     epochs_to_run,
     loss_items,
@@ -182,7 +180,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         self.fused_attention: bool = bool(getattr(self.args, "fused_attention", True))
         self._piece_collator: Any = None  # the run's collator, applied to each piece once a window is cut
         # A packed row's position ids start where the model's do (MPNet's after its padding id).
-        self._position_offset = packed_position_offset(self.model) if self.padding_free else 0
+        self._position_offset = position_offset(self.model) if self.padding_free else 0
         # How many attention scores a packed row's group of reviews may hold (on a CPU, under malloc's mmap
         # threshold); set when training starts, on the device it trains on.
         self._attention_group_scores: int | None = None
@@ -274,12 +272,12 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
     def evaluation_loop(self, dataloader: Any, description: str, *args: Any, **kwargs: Any) -> Any:
         """Trainer's evaluation and prediction loop, reading the model more cheaply for the same logits.
 
-        A BERT classifier's last layer computes only its first tokens: the head
-        reads nothing else, so the logits (and the loss) are the same and about a
-        sixth of the work goes (:mod:`.bert`); a run with ``padding_free``
-        has it installed already, for training. MPNet's attention goes through
-        SDPA (:mod:`.mpnet`) unless ``fused_attention`` is false. Rows
-        scored sorted by length come back in dataset order (:mod:`.sorted_evaluation`).
+        Read through :func:`..fast_path.readings.reading_for_scores`: a BERT or
+        RoBERTa classifier's last layer computes only its first tokens, the head
+        reading nothing else, so the logits (and the loss) are the same and about
+        a sixth of the work goes; MPNet's attention goes through SDPA unless
+        ``fused_attention`` is false. Rows scored sorted by length come back in
+        dataset order (:mod:`.sorted_evaluation`).
         """
         order = sorted_order(dataloader)
         compute_metrics = self.compute_metrics
@@ -287,7 +285,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
             # Metrics see the rows in dataset order, whatever order they were scored in.
             self.compute_metrics = lambda prediction: compute_metrics(prediction_in_dataset_order(prediction, order))
         try:
-            with reading_first_tokens(self.accelerator.unwrap_model(self.model), self.fused_attention):
+            with reading_for_scores(self.accelerator.unwrap_model(self.model), self.fused_attention):
                 output = super().evaluation_loop(dataloader, description, *args, **kwargs)
         finally:
             self.compute_metrics = compute_metrics
@@ -420,23 +418,12 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
 
     @contextlib.contextmanager
     def _training_readings(self, model: nn.Module) -> Iterator[None]:
-        """The run's cheaper readings of the model, installed for training only (the saved model stays stock).
-
-        Packed rows need attention per review, MPNet's attention goes through
-        SDPA, and padded micro-batches are masked without transformers' host read.
-        """
+        """The run's cheaper readings of the model (:mod:`..fast_path`), for training only."""
         unwrapped = self.accelerator.unwrap_model(model)
-        packed_reading = PackedReading(unwrapped) if self.padding_free else None
         if self.padding_free:
             self._attention_group_scores = attention_group_limit(unwrapped, self.args.device)
-        fused = FusedMPNetAttention(unwrapped) if self.fused_attention else None
-        unread_masks = None if self.padding_free else MaskWithoutReads(unwrapped)  # packed rows have their own
-        try:
+        with reading_for_training(unwrapped, packed=self.padding_free, fused_attention=self.fused_attention):
             yield
-        finally:
-            for installed in (packed_reading, fused, unread_masks):
-                if installed is not None:
-                    installed.remove()
 
     def _log_training_banner(
         self, model: nn.Module, train_dataloader: Any, num_epochs: int, updates_in_epoch: int, max_steps: int
