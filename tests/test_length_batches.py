@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from finetune.evaluation.length_batches import length_batches
+from finetune.data.length_batches import length_batches
 
 
 def brute_force_least_cost(lengths: list[int], max_batch_size: int, pass_cost: float) -> float:

@@ -15,13 +15,13 @@ from ..config.tasks import MULTI_LABEL, ORDERED_TASKS, task_of_model
 from ..data.bad_text import describe_bad_text, first_bad_character
 from ..data.collation import PaddingCollator
 from ..data.encoding import ReviewEncoding, encode_reviews, encode_windows
+from ..data.length_batches import CPU_PASS_COST_TOKENS, length_batches
 from ..errors import FinetuneError
 from ..export.fallback import Int8WithFallback, read_fallback
 from ..export.onnxruntime import OnnxClassifier, is_onnx_folder, require_onnx_runtime
 from ..export.openvino import OpenVinoClassifier, is_openvino_folder, require_openvino
 from ..fast_path.readings import reading_for_scores
 from ..training.ordered_heads import rating_outputs
-from .length_batches import CPU_PASS_COST_TOKENS, length_batches
 
 # Exported int8 models: each takes a padded batch of arrays and returns logits, on CPU.
 EXPORTED_CLASSIFIERS = (OnnxClassifier, OpenVinoClassifier)
