@@ -39,7 +39,7 @@ from ..errors import FinetuneError
 from .families import ModelFamily, count_after_padding, count_from_zero, register_family
 from .mask_without_reads import sdpa_mask_without_reads
 from .models import classifier_of
-from .review_attention import attention, attention_per_review, first_token_attention_per_review
+from .review_attention import attention, attention_per_review, first_token_attention_per_review, split_heads
 
 PACKED_ATTENTION = "finetune_packed_sdpa"
 # Per group of reviews of like length: the row position of each padded slot, which slots are real, and
@@ -103,11 +103,7 @@ def _at_first_tokens(layer: nn.Module) -> Any:
     def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, *args: Any, **kwargs: Any):
         self_attention = layer.attention.self
         dropout = self_attention.dropout.p if self_attention.training else 0.0
-        heads, head_size = self_attention.num_attention_heads, self_attention.attention_head_size
-
-        def split_heads(states: torch.Tensor) -> torch.Tensor:
-            # [reviews, tokens, hidden] -> [reviews, heads, tokens, head_size]
-            return states.view(*states.shape[:2], heads, head_size).transpose(1, 2)
+        heads = (self_attention.num_attention_heads, self_attention.attention_head_size)
 
         groups = kwargs.get("review_groups")
         if groups is None:
@@ -115,9 +111,9 @@ def _at_first_tokens(layer: nn.Module) -> Any:
             first = hidden_states[:, :1]
             key_mask = _key_mask(attention_mask, hidden_states)
             context = attention(
-                split_heads(self_attention.query(first)),
-                split_heads(self_attention.key(hidden_states)),
-                split_heads(self_attention.value(hidden_states)),
+                split_heads(self_attention.query(first), *heads),
+                split_heads(self_attention.key(hidden_states), *heads),
+                split_heads(self_attention.value(hidden_states), *heads),
                 key_mask,
                 dropout,
                 self_attention.scaling,

@@ -41,7 +41,7 @@ from torch import nn
 
 from .families import ModelFamily, count_after_padding, register_family
 from .models import classifier_of
-from .review_attention import attention_per_review, first_token_attention_per_review, masked_attention
+from .review_attention import attention_per_review, first_token_attention_per_review, masked_attention, split_heads
 
 
 def mpnet_encoders(model: nn.Module) -> list[nn.Module]:
@@ -74,9 +74,9 @@ def fused_mpnet_self_attention(
     if isinstance(position_bias, PackedGroups):
         return (module.o(_packed_row_attention(module, hidden_states, position_bias, dropout)),)
     additive_mask = _summed_mask(position_bias, attention_mask)
-    shape = (*hidden_states.shape[:-1], -1, module.attention_head_size)
+    heads = (module.num_attention_heads, module.attention_head_size)
     query, key, value = (
-        projection(hidden_states).view(shape).transpose(1, 2) for projection in (module.q, module.k, module.v)
+        split_heads(projection(hidden_states), *heads) for projection in (module.q, module.k, module.v)
     )
     context = masked_attention(query, key, value, additive_mask, dropout, module.attention_head_size**-0.5)
     context = context.transpose(1, 2).reshape(*hidden_states.shape[:-1], module.all_head_size)
@@ -234,14 +234,11 @@ def _last_layer_at_first_tokens(layer: nn.Module, hidden_states: torch.Tensor, m
     heads, head_size = self_attention.num_attention_heads, self_attention.attention_head_size
     first = hidden_states[:, :1]
 
-    def split_heads(states: torch.Tensor) -> torch.Tensor:
-        return states.view(*states.shape[:2], heads, head_size).transpose(1, 2)
-
     dropout = self_attention.dropout.p if self_attention.training else 0.0
     context = masked_attention(
-        split_heads(self_attention.q(first)),
-        split_heads(self_attention.k(hidden_states)),
-        split_heads(self_attention.v(hidden_states)),
+        split_heads(self_attention.q(first), heads, head_size),
+        split_heads(self_attention.k(hidden_states), heads, head_size),
+        split_heads(self_attention.v(hidden_states), heads, head_size),
         mask[:, :, :1, :],  # the first query's row of the bias and padding mask
         dropout,
         head_size**-0.5,

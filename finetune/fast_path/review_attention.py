@@ -1,7 +1,7 @@
 """Attention over padded groups of reviews, and dropout masks that are cheap to draw on a CPU.
 
 Packed rows (:mod:`.packed_attention`) and the last layer read at first tokens
-(:mod:`.first_tokens`) both compute attention on a padded batch of reviews of
+(:mod:`.bert`, :mod:`.mpnet`) compute attention on a padded batch of reviews of
 like length, each review attending to its own real keys. On a GPU that is
 SDPA, dropout included. On a CPU SDPA takes its unfused path as soon as
 attention has dropout and draws the mask with ``bernoulli_``: a float per
@@ -16,6 +16,11 @@ import torch
 from torch import nn
 
 from .dropout_masks import dropout_keep
+
+
+def split_heads(states: torch.Tensor, heads: int, head_size: int) -> torch.Tensor:
+    """Projections ``[reviews, tokens, heads x size]`` as SDPA takes them: ``[reviews, heads, tokens, size]``."""
+    return states.view(*states.shape[:2], heads, head_size).transpose(1, 2)
 
 
 def attention(
