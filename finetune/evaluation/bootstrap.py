@@ -165,25 +165,50 @@ def paired_comparison(
     ``distinguishable`` is True only when the interval of the macro-F1
     difference (the metric the best is chosen by) excludes 0.
     """
-    from scipy.stats import binomtest
-
     labels = np.asarray(labels)
     best, other = bootstrap_scores([best_predictions, other_predictions], labels, num_labels, resamples, seed)
-    best_right = np.asarray(best_predictions) == labels
-    other_right = np.asarray(other_predictions) == labels
-    # McNemar: only the reviews exactly one of the two gets right say anything about which is better.
-    only_best, only_other = int(np.sum(best_right & ~other_right)), int(np.sum(~best_right & other_right))
-    mcnemar_p = binomtest(only_best, only_best + only_other).pvalue if only_best + only_other else 1.0
     # The point differences: the scores on the reviews as they are (one "resample" that is all of them).
     everything = np.arange(len(labels))[None, :]
     best_point = resampled_scores(best_predictions, labels, num_labels, everything)
     other_point = resampled_scores(other_predictions, labels, num_labels, everything)
+    metrics = ("accuracy", "macro_f1")
+    return paired_record(
+        {metric: float(best_point[metric][0] - other_point[metric][0]) for metric in metrics},
+        {metric: best[metric] - other[metric] for metric in metrics},
+        "macro_f1",
+        np.asarray(best_predictions) == labels,
+        np.asarray(other_predictions) == labels,
+        confidence,
+        resamples,
+    )
+
+
+def paired_record(
+    differences: dict[str, float],
+    resampled_differences: dict[str, np.ndarray],
+    deciding_metric: str,
+    best_right: np.ndarray,
+    other_right: np.ndarray,
+    confidence: float,
+    resamples: int,
+) -> dict[str, Any]:
+    """A paired comparison as it is written down: each metric's difference and interval, and McNemar's test.
+
+    ``distinguishable`` is True only when the interval of ``deciding_metric``'s
+    difference excludes 0; McNemar's exact test counts the cases exactly one of
+    the two gets right (``best_right``, ``other_right``: one boolean per case).
+    """
+    from scipy.stats import binomtest
+
     result: dict[str, Any] = {"method": "paired bootstrap", "confidence": confidence, "resamples": resamples}
-    for metric in ("accuracy", "macro_f1"):
-        result[f"{metric}_difference"] = float(best_point[metric][0] - other_point[metric][0])
-        result[f"{metric}_interval"] = percentile_interval(best[metric] - other[metric], confidence)
-    low, high = result["macro_f1_interval"]
+    for metric, difference in differences.items():
+        result[f"{metric}_difference"] = difference
+        result[f"{metric}_interval"] = percentile_interval(resampled_differences[metric], confidence)
+    low, high = result[f"{deciding_metric}_interval"]
     result["distinguishable"] = bool(low > 0 or high < 0)
+    # Only the cases exactly one of the two gets right say anything about which is better.
+    only_best, only_other = int(np.sum(best_right & ~other_right)), int(np.sum(~best_right & other_right))
+    mcnemar_p = binomtest(only_best, only_best + only_other).pvalue if only_best + only_other else 1.0
     result["mcnemar"] = {"only_best_right": only_best, "only_other_right": only_other, "p_value": float(mcnemar_p)}
     return result
 

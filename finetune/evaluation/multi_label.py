@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .bootstrap import paired_record
+
 # Where a tag cannot be tuned (no validation split, or no validation review with the tag).
 DEFAULT_THRESHOLD = 0.5
 # Resamples drawn at once: memory is this many rows of one weight per review.
@@ -203,10 +205,9 @@ def paired_tag_comparison(
     The paired bootstrap draws each resample's review counts once and scores
     both models on them; ``distinguishable`` is True only when the interval of
     the micro-F1 difference (what the best is chosen by) excludes 0. McNemar's
-    exact test counts the review-tag pairs exactly one of the two gets right.
+    exact test counts the review-tag pairs exactly one of the two gets right
+    (written down by :func:`.bootstrap.paired_record`, as for single labels).
     """
-    from scipy.stats import binomtest
-
     truth = _as_rows(labels).astype(bool)
     best, other = _as_rows(best_predicted).astype(bool), _as_rows(other_predicted).astype(bool)
     rng = np.random.default_rng(seed)
@@ -218,21 +219,15 @@ def paired_tag_comparison(
         best_counts, other_counts = _pair_counts(truth, best, weights), _pair_counts(truth, other, weights)
         micro.append(_micro_f1(best_counts) - _micro_f1(other_counts))
         macro.append(_f1(*best_counts).mean(axis=1) - _f1(*other_counts).mean(axis=1))
-    best_right, other_right = best == truth, other == truth
-    only_best, only_other = int(np.sum(best_right & ~other_right)), int(np.sum(~best_right & other_right))
-    mcnemar_p = binomtest(only_best, only_best + only_other).pvalue if only_best + only_other else 1.0
     whole = np.ones((1, reviews))
-    tail = (1.0 - confidence) / 2 * 100
-    result: dict[str, Any] = {"method": "paired bootstrap", "confidence": confidence, "resamples": resamples}
-    for metric, differences in (("micro_f1", micro), ("macro_f1", macro)):
-        score = _micro_f1 if metric == "micro_f1" else (lambda counts: _f1(*counts).mean(axis=1))
-        point = score(_pair_counts(truth, best, whole)) - score(_pair_counts(truth, other, whole))
-        result[f"{metric}_difference"] = float(point[0])
-        result[f"{metric}_interval"] = np.percentile(np.concatenate(differences), (tail, 100 - tail)).tolist()
-    low, high = result["micro_f1_interval"]
-    result["distinguishable"] = bool(low > 0 or high < 0)
-    result["mcnemar"] = {"only_best_right": only_best, "only_other_right": only_other, "p_value": float(mcnemar_p)}
-    return result
+    best_whole, other_whole = _pair_counts(truth, best, whole), _pair_counts(truth, other, whole)
+    differences = {
+        "micro_f1": float(_micro_f1(best_whole)[0] - _micro_f1(other_whole)[0]),
+        "macro_f1": float(_f1(*best_whole).mean(axis=1)[0] - _f1(*other_whole).mean(axis=1)[0]),
+    }
+    resampled = {"micro_f1": np.concatenate(micro), "macro_f1": np.concatenate(macro)}
+    # McNemar over review-tag pairs: each pair one case.
+    return paired_record(differences, resampled, "micro_f1", best == truth, other == truth, confidence, resamples)
 
 
 def describe_tag_comparison(comparison: dict[str, Any]) -> str:
