@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from finetune import FinetuneError
-from finetune.config.recipes import load_recipe
+from finetune.config.recipes import flag_names, flag_value, load_recipe
 from finetune.config.tasks import ORDERED_TASKS
 
 PROJECT = Path(__file__).parent.parent
@@ -134,3 +134,13 @@ def test_every_recipe_steps_with_fused_adamw(recipe, tmp_path, tiny_model_dir):
     optimizer = trainer.create_optimizer()
     assert isinstance(optimizer, torch.optim.AdamW)
     assert optimizer.defaults["fused"] is True
+
+
+def test_the_fields_and_values_flags_set_in_either_spelling():
+    flags = ["--max-steps=4", "--task", "ordinal", "--learning_rate=-5e-5", "--tasks", "x"]
+    assert flag_names(flags) == {"max_steps", "task", "learning_rate", "tasks"}
+    assert flag_value(flags, "max_steps") == "4"
+    assert flag_value(flags, "task") == "ordinal"  # not --tasks' x
+    assert flag_value(flags, "learning_rate") == "-5e-5"
+    assert flag_value(flags, "seed") is None
+    assert flag_value(["--task"], "task") is None  # a flag with nothing after it sets nothing here

@@ -62,7 +62,7 @@ def compare_tasks(recipe: str | None, overrides: list[str] | None = None) -> dic
 
 def _checked(recipe: str | None, overrides: list[str]) -> tuple[Path, list[str]]:
     """The comparison's folder and the star levels, read from the train split; refused where a task is fixed."""
-    from ..config.recipes import flag_names, load_recipe, read_recipe_file
+    from ..config.recipes import flag_names, flag_value, load_recipe, read_recipe_file
     from ..data.splits import load_review_data
 
     values = read_recipe_file(recipe) if recipe else {}
@@ -70,7 +70,8 @@ def _checked(recipe: str | None, overrides: list[str]) -> tuple[Path, list[str]]
     # A ratings recipe names its own task (regression or ordinal); the comparison replaces it run by run.
     # Classes or tags fix what a label is, which the comparison cannot undo.
     fixed = sorted(named & {"label_bins", "class_names"})
-    if values.get("task", REGRESSION) not in ORDERED_TASKS or _flagged_task(overrides) not in (None, *ORDERED_TASKS):
+    flagged_task = flag_value(overrides, "task")
+    if values.get("task", REGRESSION) not in ORDERED_TASKS or flagged_task not in (None, *ORDERED_TASKS):
         fixed = sorted({*fixed, "task"})
     if fixed:
         raise FinetuneError(
@@ -80,17 +81,6 @@ def _checked(recipe: str | None, overrides: list[str]) -> tuple[Path, list[str]]
     run = load_recipe(recipe, [*overrides, "--task", REGRESSION])
     data = load_review_data(run.data, seed=run.training.seed)  # refuses a column that is no ratings
     return Path(run.training.output_dir), data.label_names
-
-
-def _flagged_task(overrides: list[str]) -> str | None:
-    """The task the flags name (``--task X`` or ``--task=X``), the last one winning as in every run; None without."""
-    task = None
-    for index, token in enumerate(overrides):
-        if token.startswith("--task="):
-            task = token.partition("=")[2]
-        elif token == "--task" and index + 1 < len(overrides):
-            task = overrides[index + 1]
-    return task
 
 
 def _task_flags(task: str, level_names: list[str]) -> list[str]:

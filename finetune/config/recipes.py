@@ -155,6 +155,23 @@ def flag_names(flags: list[str]) -> set[str]:
     return {token[2:].partition("=")[0].replace("-", "_") for token in flags if token.startswith("--")}
 
 
+def flag_value(flags: list[str], name: str) -> str | None:
+    """The value ``flags`` give field ``name`` (``--name X``, ``--name=X``, dashes or underscores); None if unset.
+
+    A field set twice is refused before a run reads its flags, so the last one is the one there is.
+    """
+    value = None
+    for index, token in enumerate(flags):
+        flag, equals, given = token.partition("=")
+        if not flag.startswith("--") or flag[2:].replace("-", "_") != name:
+            continue
+        if equals:
+            value = given
+        elif index + 1 < len(flags):
+            value = flags[index + 1]
+    return value
+
+
 def _refuse_alias_twice(flags: list[str]) -> None:
     """Two spellings of one field among the flags: which one wins would be an accident of order."""
     names = flag_names(flags)
