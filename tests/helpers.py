@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 from pathlib import Path
@@ -150,3 +151,13 @@ def checkpointing_recipe(folder: Path, model_dir: Path, epochs: int, save_steps:
         logging_steps=1,
         baseline="false",
     )
+
+
+def reference_sgd_steps(model, dataset, collator, window_samples: int) -> torch.Tensor:
+    """One SGD(lr=1) step per window on all its samples at once, on transformers' own model (train mode)."""
+    model = copy.deepcopy(model).train()
+    parameters = list(model.parameters())
+    for start in range(0, len(dataset), window_samples):
+        rows = range(start, min(start + window_samples, len(dataset)))
+        sgd_step(parameters, model(**collator([dataset[row] for row in rows])).loss)
+    return flat_parameters(model)

@@ -17,10 +17,10 @@ import copy
 import pytest
 import torch
 import torch._dynamo
-from helpers import TEST_ON_CPU, flat_parameters, review_dataset, sgd_args
+from helpers import TEST_ON_CPU, flat_parameters, reference_sgd_steps, review_dataset, sgd_args
 from test_any_split import RecordingCollator
 from test_exactness import assert_matches_reference, reference_full_batch_steps, trained_parameters
-from test_mpnet_attention import reference_sgd_steps, tiny_mpnet
+from test_mpnet_attention import tiny_mpnet
 from transformers import BertForSequenceClassification, DataCollatorWithPadding
 
 from finetune import ReviewTrainer

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from helpers import flat_parameters, review_dataset, sgd_args, sgd_step
+from helpers import flat_parameters, reference_sgd_steps, review_dataset, sgd_args
 from transformers import DataCollatorWithPadding, MPNetConfig, MPNetForSequenceClassification
 
 import finetune.fast_path.mpnet as mpnet_attention
@@ -168,16 +168,6 @@ def test_biased_attention_with_dropout_is_unbiased():
     assert bool(((draws.mean(dim=0) - exact).abs() < 6 * spread + 1e-6).all())
     unbiased = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=0.5)
     assert not bool(((draws.mean(dim=0) - unbiased).abs() < 6 * spread + 1e-6).all())
-
-
-def reference_sgd_steps(model, dataset, collator, window_samples: int) -> torch.Tensor:
-    """One SGD(lr=1) step per window on all its samples at once, on transformers' eager MPNet."""
-    model = copy.deepcopy(model).train()
-    parameters = list(model.parameters())
-    for start in range(0, len(dataset), window_samples):
-        rows = range(start, min(start + window_samples, len(dataset)))
-        sgd_step(parameters, model(**collator([dataset[row] for row in rows])).loss)
-    return flat_parameters(model)
 
 
 @pytest.mark.parametrize("fused_attention", [True, False])

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from helpers import flat_parameters, review_dataset, sgd_args, sgd_step
+from helpers import flat_parameters, reference_sgd_steps, review_dataset, sgd_args
 from transformers import (
     DataCollatorWithPadding,
     DistilBertConfig,
@@ -136,16 +136,6 @@ def test_the_check_has_teeth_packed_rows_with_bert_s_positions_differ(tokenizer)
         wrong = model(**pack(batch, position_offset=0)).logits
         reading.remove()
     assert float((wrong - stock).abs().max()) > 1e-3
-
-
-def reference_sgd_steps(model, dataset, collator, window_samples: int) -> torch.Tensor:
-    """One SGD(lr=1) step per window on all its samples at once, on transformers' RoBERTa."""
-    model = copy.deepcopy(model)
-    parameters = list(model.parameters())
-    for start in range(0, len(dataset), window_samples):
-        rows = range(start, min(start + window_samples, len(dataset)))
-        sgd_step(parameters, model(**collator([dataset[row] for row in rows])).loss)
-    return flat_parameters(model)
 
 
 @pytest.mark.parametrize(
