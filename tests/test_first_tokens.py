@@ -124,3 +124,25 @@ def test_review_trainer_evaluates_at_first_tokens_with_stock_s_loss(tiny_model_d
     # Stock runs the last layer's feed-forward at every token; ReviewTrainer at each review's first only.
     assert all(length > 1 for name, (_, length) in shapes if name == "Trainer")
     assert [shape for name, shape in shapes if name == "ReviewTrainer"] == [(4, 1), (4, 1), (2, 1)]
+
+
+def test_evaluation_inside_a_run_leaves_the_run_s_reading_in_charge(tiny_model_dir, tokenizer):
+    """In a packed run the run's last layer already reads first tokens; in a padded run evaluation adds its own."""
+    from finetune.fast_path.readings import reading_for_scores, reading_for_training
+
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir).eval()
+    batch = DataCollatorWithPadding(tokenizer)([dict(tokenizer(text)) for text in REVIEWS])
+    with torch.no_grad():
+        stock = model(**batch).logits
+    layer = model.bert.encoder.layer[-1]
+    for packed in (True, False):
+        with reading_for_training(model, packed=packed):
+            run_forward = vars(layer).get("forward")
+            assert (run_forward is not None) == packed
+            with reading_for_scores(model), torch.no_grad():
+                scoring_forward = vars(layer)["forward"]
+                scored = model(**batch).logits
+            assert (scoring_forward is run_forward) == packed
+            assert vars(layer).get("forward") is run_forward, "the pass leaves the run's reading as it found it"
+        assert not any("forward" in vars(module) for module in model.modules())
+        assert float((scored - stock).abs().max()) < 1e-5

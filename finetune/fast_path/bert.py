@@ -84,17 +84,15 @@ AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask_without_reads)
 class LastLayerAtFirstTokens:
     """``model``'s last encoder layer computing first tokens only, until :meth:`remove`."""
 
+    reads_first_tokens = True  # evaluation inside a run that installed it needs nothing more (readings.py)
+
     def __init__(self, model: nn.Module) -> None:
-        layer = classifier_of(model).base_model.encoder.layer[-1]
-        # Installed already (evaluation inside a packed run): that one stays in charge, and removes itself.
-        self.layer = None if "forward" in vars(layer) else layer
-        if self.layer is not None:
-            self.layer.forward = _at_first_tokens(self.layer)
+        self.layer = classifier_of(model).base_model.encoder.layer[-1]
+        self.layer.forward = _at_first_tokens(self.layer)
 
     def remove(self) -> None:
         """Give the layer its own forward back."""
-        if self.layer is not None:
-            del self.layer.forward  # the instance attribute goes; the class's forward shows through again
+        del self.layer.forward  # the instance attribute goes; the class's forward shows through again
 
 
 def _at_first_tokens(layer: nn.Module) -> Any:
@@ -161,6 +159,8 @@ class PackedBertReading:
     row's layout is given, SDPA otherwise), and the last layer cuts a packed
     row to one output per review, the first tokens the head reads.
     """
+
+    reads_first_tokens = True
 
     def __init__(self, model: nn.Module) -> None:
         self.original_attention = model.config._attn_implementation

@@ -124,11 +124,13 @@ class FusedMPNetAttention:
     review's first token; padded batches read as before.
     """
 
+    # Its encoder hands MPNet's head first tokens only: evaluation inside a run needs nothing more (readings.py).
+    reads_first_tokens = True
+
     def __init__(self, model: nn.Module, packed_rows: bool = False) -> None:
         from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
 
-        # Encoders fused already (a validation pass inside a training run) are left to their installer.
-        self._encoders = [encoder for encoder in mpnet_encoders(model) if "forward" not in vars(encoder)]
+        self._encoders = mpnet_encoders(model)
         self._attentions = [
             module
             for encoder in self._encoders

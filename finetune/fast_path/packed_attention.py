@@ -62,6 +62,8 @@ def attention_group_limit(model: nn.Module, device: torch.device) -> int | None:
 class PackedReading:
     """Packed rows read per review on ``model`` until :meth:`remove`; padded batches read as before."""
 
+    reads_first_tokens = True  # every family's packed reading computes the head's first tokens only
+
     def __init__(self, model: nn.Module) -> None:
         # Refused, with the fix, before anything is changed (the family's reading checks its own needs first).
         self._family_reading = packable_family(model).packed_training(model)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
 from collections.abc import Iterator
 
 from torch import nn
@@ -26,6 +27,9 @@ from .packed_attention import PackedReading
 
 # The models already said to be read stock in this process, by class and model type.
 _SAID_STOCK: set[tuple[str, str | None]] = set()
+# The classifiers a training reading is installed on, and whether it reads the head's first tokens already
+# (packed rows, MPNet's fused attention): evaluation inside the run then leaves it in charge.
+_TRAINING: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
@@ -37,7 +41,8 @@ def reading_for_scores(model: nn.Module, fused_attention: bool = True) -> Iterat
     tokens too (unless ``fused_attention`` is false).
     """
     family = _family_or_stock(model)
-    with _installed([family.scoring(model, fused_attention) if family else None]):
+    in_charge = _TRAINING.get(classifier_of(model), False)  # evaluation inside a run that reads first tokens
+    with _installed([family.scoring(model, fused_attention) if family and not in_charge else None]):
         yield
 
 
@@ -55,8 +60,13 @@ def reading_for_training(model: nn.Module, packed: bool, fused_attention: bool =
     else:
         family = _family_or_stock(model)
         readings = [family.padded_training(model, fused_attention) if family else None, MaskWithoutReads(model)]
-    with _installed(readings):
-        yield
+    inner = classifier_of(model)
+    _TRAINING[inner] = any(getattr(reading, "reads_first_tokens", False) for reading in readings)
+    try:
+        with _installed(readings):
+            yield
+    finally:
+        del _TRAINING[inner]
 
 
 def position_offset(model: nn.Module) -> int:
