@@ -513,11 +513,13 @@ def _score_baseline(scoring: ScoringData, label_names: list[str], best: dict[str
 def format_table(reports: list[dict[str, Any]]) -> str:
     """A markdown table of the reports with 95% intervals, the best starred, the others tested against it."""
     from ..evaluation.bootstrap import describe_comparison
+    from ..evaluation.model_names import distinct_names
 
     lines = [
         "| model | step | accuracy [95% interval] | macro-F1 [95% interval] | best | against the best (paired) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    names = distinct_names([report["model"] for report in reports if report.get("kind") != "baseline"])
     for report in reports:
         versus = describe_comparison(report["vs_best"]) if "vs_best" in report else "-"
         scores = f"{_with_interval(report, 'accuracy')} | {_with_interval(report, 'macro_f1')}"
@@ -530,7 +532,7 @@ def format_table(reports: list[dict[str, Any]]) -> str:
             continue
         step = "final" if report["step"] is None else str(report["step"])
         mark = "*" if report.get("best") else ""
-        lines.append(f"| {Path(report['model']).name} | {step} | {scores} | {mark} | {versus} |")
+        lines.append(f"| {names[report['model']]} | {step} | {scores} | {mark} | {versus} |")
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..config.output_files import write_output_text
 from ..errors import FinetuneError
+from ..evaluation.model_names import distinct_names
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ def format_tag_table(reports: list[dict[str, Any]]) -> str:
         "| against the best (paired) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    names = distinct_names([report["model"] for report in reports if report.get("kind") != "baseline"])
     for report in reports:
         versus = describe_tag_comparison(report["vs_best"]) if "vs_best" in report else "-"
         scores = (
@@ -132,9 +134,7 @@ def format_tag_table(reports: list[dict[str, Any]]) -> str:
             lines.append(f"| {report['model']} | - | {scores} | {mark} | {versus} |")
             continue
         step = "final" if report["step"] is None else str(report["step"])
-        lines.append(
-            f"| {Path(report['model']).name} | {step} | {scores} | {'*' if report['best'] else ''} | {versus} |"
-        )
+        lines.append(f"| {names[report['model']]} | {step} | {scores} | {'*' if report['best'] else ''} | {versus} |")
     return "\n".join(lines)
 
 
