@@ -161,3 +161,12 @@ def test_flip_reads_drugscom_from_the_catalog_as_its_recipe_does(tmp_path, monke
     noisy_recipe = yaml.safe_load((tmp_path / "noisy" / "recipe.yaml").read_text(encoding="utf-8"))
     assert "dataset_name" not in noisy_recipe and noisy_recipe["output_dir"] == "runs/drugscom-noisy-76"
     assert json.loads((tmp_path / "noisy" / "flips.json").read_text(encoding="utf-8")) == record
+
+
+def test_score_names_a_missing_file_in_one_line(tmp_path):
+    flips = tmp_path / "flips.json"
+    flips.write_text('{"flipped": [1], "noisy_labels": [0, 1]}', encoding="utf-8")
+    with pytest.raises(FinetuneError, match=r"label_issues\.csv not found; .* finetune find-label-issues writes"):
+        label_noise.score(flips, tmp_path / "label_issues.csv")
+    with pytest.raises(FinetuneError, match=r"nope\.json not found; .* label_noise\.py flip writes"):
+        label_noise.score(tmp_path / "nope.json", tmp_path / "label_issues.csv")

@@ -270,6 +270,9 @@ def score(flips_path: Path, issues_path: Path, recall: float = 0.5) -> dict:
     """
     from cleanlab.rank import get_label_quality_scores
 
+    for path, wrote_it in ((flips_path, "label_noise.py flip"), (issues_path, "finetune find-label-issues")):
+        if not path.is_file():
+            _fail(f"{path} not found; it is what {wrote_it} writes: run that first, or check the path")
     flips = json.loads(flips_path.read_text(encoding="utf-8"))
     flipped = set(flips["flipped"])
     flagged = set(pd.read_csv(issues_path, keep_default_na=False)["row_id"].astype(int))
