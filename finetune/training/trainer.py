@@ -179,7 +179,7 @@ class ReviewTrainer(CrashSafeCheckpoints, Trainer):
         # MPNet's attention through SDPA (see fast_path/mpnet.py); stock TrainingArguments get it too.
         self.fused_attention: bool = bool(getattr(self.args, "fused_attention", True))
         self._piece_collator: Any = None  # the run's collator, applied to each piece once a window is cut
-        # A packed row's position ids start where the model's do (MPNet's after its padding id).
+        # A packed row's position ids start where the model's do (RoBERTa's and MPNet's after their padding id).
         self._position_offset = position_offset(self.model) if self.padding_free else 0
         # How many attention scores a packed row's group of reviews may hold (on a CPU, under malloc's mmap
         # threshold); set when training starts, on the device it trains on.
