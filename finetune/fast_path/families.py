@@ -17,7 +17,7 @@ from typing import Protocol
 
 from torch import nn
 
-from .models import classifier_of
+from .models import classifier_name, classifier_of
 
 
 class Reading(Protocol):
@@ -53,10 +53,9 @@ def register_family(model_type: str, family: ModelFamily) -> None:
 
 def family_of(model: nn.Module) -> ModelFamily | None:
     """``model``'s family, or None where the fast path does not know it (another type, another head, a decoder)."""
-    inner = classifier_of(model)
-    config = getattr(inner, "config", None)
+    config = getattr(classifier_of(model), "config", None)
     family = FAMILIES.get(getattr(config, "model_type", None))
-    if family is None or type(inner).__name__ != family.classifier or getattr(config, "is_decoder", False):
+    if family is None or classifier_name(model) != family.classifier or getattr(config, "is_decoder", False):
         return None
     return family
 

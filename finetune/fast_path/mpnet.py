@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from .families import ModelFamily, count_after_padding, register_family
-from .models import classifier_of
+from .models import classifier_name
 from .review_attention import attention_per_review, first_token_attention_per_review, masked_attention, split_heads
 
 
@@ -272,11 +272,6 @@ def _layer_output(layer: nn.Module, first: torch.Tensor, context: torch.Tensor) 
     attention = layer.attention
     attention_output = attention.LayerNorm(attention.dropout(attention.attn.o(context)) + first)
     return layer.output(layer.intermediate(attention_output), attention_output)
-
-
-def classifier_name(model: nn.Module) -> str:
-    """The class name of ``model``, or of the model inside a PEFT wrapper."""
-    return type(classifier_of(model)).__name__
 
 
 def _packed_groups(encoder: nn.Module, hidden_states: torch.Tensor, layout: dict[str, Any]) -> PackedGroups:

@@ -20,7 +20,7 @@ from torch import nn
 from ..errors import FinetuneError
 from .dropout_masks import cheaper_dropout
 from .families import ModelFamily, family_of, known_families
-from .models import classifier_of
+from .models import classifier_name, classifier_of
 
 
 def packable_family(model: nn.Module) -> ModelFamily:
@@ -30,14 +30,13 @@ def packable_family(model: nn.Module) -> ModelFamily:
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         raise FinetuneError(
             f"padding_free works with the sequence classifiers of {known_families()} "
-            f"and this model is a {type(classifier_of(model)).__name__} of type {model_type!r}; "
+            f"and this model is a {classifier_name(model)} of type {model_type!r}; "
             "set padding_free: false (micro_batch_tokens alone still cuts padding by sorting)"
         )
     encoder = getattr(getattr(classifier_of(model), "base_model", None), "encoder", None)
     if encoder is None:
         raise FinetuneError(
-            f"padding_free found no encoder in {type(classifier_of(model)).__name__}; "
-            "set padding_free: false for this model"
+            f"padding_free found no encoder in {classifier_name(model)}; set padding_free: false for this model"
         )
     return family
 

@@ -22,7 +22,7 @@ from torch import nn
 from . import bert, mpnet  # noqa: F401  (each registers its families)
 from .families import Reading, family_of, known_families
 from .mask_without_reads import MaskWithoutReads
-from .models import classifier_of
+from .models import classifier_name, classifier_of
 from .packed_attention import PackedReading
 
 # The models already said to be read stock in this process, by class and model type.
@@ -90,8 +90,7 @@ def _family_or_stock(model: nn.Module):
     """``model``'s family; for a model the fast path does not know, None, and a note the first time."""
     family = family_of(model)
     if family is None:
-        inner = classifier_of(model)
-        seen = (type(inner).__name__, getattr(getattr(inner, "config", None), "model_type", None))
+        seen = (classifier_name(model), getattr(getattr(classifier_of(model), "config", None), "model_type", None))
         if seen not in _SAID_STOCK:
             _SAID_STOCK.add(seen)
             print(
