@@ -161,3 +161,13 @@ def reference_sgd_steps(model, dataset, collator, window_samples: int) -> torch.
         rows = range(start, min(start + window_samples, len(dataset)))
         sgd_step(parameters, model(**collator([dataset[row] for row in rows])).loss)
     return flat_parameters(model)
+
+
+def padded_batch(tokenizer, samples: int = 6) -> dict:
+    """``samples`` reviews of 1 to 40 words collated with padding (refused if none was needed: masks untested)."""
+    from transformers import DataCollatorWithPadding
+
+    features = [dict(row) for row in review_dataset(tokenizer, samples, max_words=40)]
+    batch = DataCollatorWithPadding(tokenizer)(features)
+    assert bool((batch["attention_mask"] == 0).any()), "the batch must have padding to test the masks"
+    return batch

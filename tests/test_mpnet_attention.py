@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from helpers import flat_parameters, reference_sgd_steps, review_dataset, sgd_args
+from helpers import flat_parameters, padded_batch, reference_sgd_steps, review_dataset, sgd_args
 from transformers import DataCollatorWithPadding, MPNetConfig, MPNetForSequenceClassification
 
 import finetune.fast_path.mpnet as mpnet_attention
@@ -46,11 +46,6 @@ def tiny_mpnet(tokenizer, dropout: float = 0.0) -> MPNetForSequenceClassificatio
     with torch.no_grad():
         model.mpnet.encoder.relative_attention_bias.weight.normal_(0, 1.0)
     return model
-
-
-def padded_batch(tokenizer, samples: int = 6):
-    features = [dict(row) for row in review_dataset(tokenizer, samples, max_words=40)]
-    return DataCollatorWithPadding(tokenizer)(features)
 
 
 def logits_and_gradients(model, batch, fused: bool):

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from helpers import flat_parameters, reference_sgd_steps, review_dataset, sgd_args
+from helpers import flat_parameters, padded_batch, reference_sgd_steps, review_dataset, sgd_args
 from transformers import (
     DataCollatorWithPadding,
     DistilBertConfig,
@@ -49,13 +49,6 @@ def tiny_roberta(tokenizer) -> RobertaForSequenceClassification:
         initializer_range=0.2,  # weights large enough that every gradient is well above rounding
     )
     return RobertaForSequenceClassification(config).train()
-
-
-def padded_batch(tokenizer, samples: int = 6):
-    features = [dict(row) for row in review_dataset(tokenizer, samples, max_words=40)]
-    batch = DataCollatorWithPadding(tokenizer)(features)
-    assert bool((batch["attention_mask"] == 0).any()), "the batch must have padding to test the masks"
-    return batch
 
 
 def stock_logits_and_gradients(model, batch):
