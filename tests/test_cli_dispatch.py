@@ -140,12 +140,17 @@ CASES = [
     (
         "find-label-issues r.yaml",
         "find_label_issues:find_label_issues",
-        {"recipe": "r.yaml", "overrides": [], "folds": 5, "baseline_only": False},
+        {"recipe": "r.yaml", "overrides": [], "folds": 5, "baseline_only": False, "finetuned_only": False},
     ),
     (
         "find-label-issues r.yaml --folds 3 --baseline_only --seed 7",
         "find_label_issues:find_label_issues",
-        {"recipe": "r.yaml", "overrides": ["--seed", "7"], "folds": 3, "baseline_only": True},
+        {"recipe": "r.yaml", "overrides": ["--seed", "7"], "folds": 3, "baseline_only": True, "finetuned_only": False},
+    ),
+    (
+        "find-label-issues r.yaml --finetuned_only",
+        "find_label_issues:find_label_issues",
+        {"recipe": "r.yaml", "overrides": [], "folds": 5, "baseline_only": False, "finetuned_only": True},
     ),
     (
         "predict m",

@@ -95,7 +95,7 @@ def class_ids(table: pd.DataFrame) -> np.ndarray:
 def expected_issues(labels: np.ndarray, probabilities: np.ndarray) -> tuple[list[int], np.ndarray]:
     """cleanlab itself on the saved probabilities: the flagged rows, lowest quality first, and every quality."""
     flagged = np.flatnonzero(find_label_issues(labels, probabilities))
-    quality = get_label_quality_scores(labels, probabilities)
+    quality = get_label_quality_scores(labels, probabilities, method="normalized_margin")
     return sorted(flagged.tolist(), key=lambda row: (quality[row], row)), quality
 
 
@@ -202,10 +202,28 @@ def test_the_fine_tuned_folds_score_the_rows_they_did_not_train_on(tmp_path, tin
             batch = tokenizer([texts[row] for row in held], padding=True, return_tensors="pt")
             reference[held] = torch.softmax(model(**batch).logits.double(), dim=-1).numpy()
     np.testing.assert_allclose(probabilities, reference, atol=1e-5)
-    flagged, _ = expected_issues(labels, probabilities)
+    # Ranked on the mean with the TF-IDF baseline's probabilities on the same folds (scikit-learn's own fold loop).
+    pipeline = clone(TfidfBaseline(len(CLASSES), seed=SEED).fit(texts, labels).pipeline)
+    folds = StratifiedKFold(2, shuffle=True, random_state=SEED)
+    tfidf = cross_val_predict(pipeline, texts, labels, cv=folds, method="predict_proba")
+    np.testing.assert_allclose(np.load(written / "oof_probabilities_tfidf.npy"), tfidf, rtol=1e-5, atol=1e-6)
+    blended = (probabilities + tfidf) / 2
+    flagged, quality = expected_issues(labels, blended)
     listed = pd.read_csv(written / "label_issues.csv", keep_default_na=False)
     assert listed["row_id"].tolist() == flagged
+    assert listed["label_quality"].to_numpy() == pytest.approx(quality[flagged], abs=1e-5)
+    assert listed["suggested_label"].tolist() == [CLASSES[int(np.argmax(blended[row]))] for row in flagged]
+    summary = json.loads((written / "label_issues.json").read_text())
+    assert summary["probabilities_from"] == "finetuned_and_tfidf_folds"
     assert (tmp_path / "run" / "folds.json").is_file()
+    # --finetuned_only ranks the same folds' probabilities alone (the finished fold runs reused).
+    (written / "label_issues.csv").unlink()
+    again = ["find-label-issues", str(recipe), "--folds", "2", "--finetuned_only", "--resume_from_checkpoint", "auto"]
+    assert main(again) == 0
+    flagged, _ = expected_issues(labels, np.load(written / "oof_probabilities.npy").astype(np.float64))
+    assert pd.read_csv(written / "label_issues.csv", keep_default_na=False)["row_id"].tolist() == flagged
+    assert not (written / "oof_probabilities_tfidf.npy").exists()  # else a reader would blend it in
+    assert json.loads((written / "label_issues.json").read_text())["probabilities_from"] == "finetuned_folds"
 
 
 def test_tags_go_through_cleanlabs_multi_label_filter(tmp_path, tiny_model_dir):
@@ -228,6 +246,13 @@ def test_tags_go_through_cleanlabs_multi_label_filter(tmp_path, tiny_model_dir):
 
 
 # Bad input: one line, exit 2, nothing on disk lost.
+
+
+def test_two_only_sources_are_refused(tmp_path, tiny_model_dir, capsys):
+    recipe = write_recipe(tmp_path, tiny_model_dir, noisy_reviews()[0])
+    line = run_cli(["find-label-issues", recipe, "--baseline_only", "--finetuned_only"], capsys)
+    assert line == "error: --baseline_only and --finetuned_only each name the only source to rank on: pass one"
+    assert not (tmp_path / "run").exists()
 
 
 def test_one_fold_is_refused(tmp_path, tiny_model_dir, capsys):

@@ -14,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -170,3 +171,23 @@ def test_score_names_a_missing_file_in_one_line(tmp_path):
         label_noise.score(flips, tmp_path / "label_issues.csv")
     with pytest.raises(FinetuneError, match=r"nope\.json not found; .* label_noise\.py flip writes"):
         label_noise.score(tmp_path / "nope.json", tmp_path / "label_issues.csv")
+
+
+def test_score_ranks_the_blend_the_command_ranked_on(tmp_path):
+    # Eight reviews all labelled class 0, rows 1 and 5 flipped; the margin ranking worst first is worked by hand.
+    flips = tmp_path / "flips.json"
+    flips.write_text(json.dumps({"flipped": [1, 5], "noisy_labels": [0] * 8}), encoding="utf-8")
+    finetuned = [0.9, 0.3, 0.8, 0.2, 0.7, 0.4, 0.95, 0.85]  # class 0's probability: row 3, then 1, then 5 lowest
+    tfidf = [0.9, 0.1, 0.8, 0.9, 0.7, 0.5, 0.95, 0.85]  # averaged: row 1 (0.2) lowest, then 5 (0.45), then 3 (0.55)
+    folder = tmp_path / "label_issues"
+    folder.mkdir()
+    for name, column in (("oof_probabilities.npy", finetuned), ("oof_probabilities_tfidf.npy", tfidf)):
+        np.save(folder / name, np.stack([column, 1 - np.asarray(column)], axis=1).astype(np.float32))
+    (folder / "label_issues.csv").write_text("row_id,label_quality\n1,0.1\n3,0.2\n", encoding="utf-8")
+    record = label_noise.score(flips, folder / "label_issues.csv")
+    assert record["flagged"] == 2 and record["flagged_and_flipped"] == 1
+    assert record["precision"] == 0.5 and record["recall"] == 0.5
+    assert record["precision_at_recall_0.5"] == 1.0  # row 1 first: one flip of two at rank 1
+    assert record["finetuned_alone_precision_at_recall_0.5"] == 0.5  # row 3, then row 1: one flip at rank 2
+    (folder / "oof_probabilities_tfidf.npy").unlink()
+    assert label_noise.score(flips, folder / "label_issues.csv")["precision_at_recall_0.5"] == 0.5

@@ -264,11 +264,12 @@ def write_noisy_recipe(recipe: str, files: dict[str, Path], output: Path, seed: 
 def score(flips_path: Path, issues_path: Path, recall: float = 0.5) -> dict:
     """Precision and recall of the rows in label_issues.csv against the flipped rows.
 
-    Also the precision of cleanlab's whole ranking (label quality, lowest first, from the
-    ``oof_probabilities.npy`` beside the CSV) where it first reaches ``recall``: the figure
-    two sources of probabilities are compared at.
+    Also the precision of cleanlab's whole ranking (label quality, lowest first, on the
+    probabilities the command ranked on, read back from beside the CSV) where it first
+    reaches ``recall``: the figure two sources of probabilities are compared at; where the
+    command blended the fine-tuned folds with the TF-IDF folds, the fine-tuned folds' alone too.
     """
-    from cleanlab.rank import get_label_quality_scores
+    from finetune.pipeline.out_of_fold import OUT_OF_FOLD_PROBABILITIES, OUT_OF_FOLD_TFIDF, ranked_probabilities
 
     for path, wrote_it in ((flips_path, "label_noise.py flip"), (issues_path, "finetune find-label-issues")):
         if not path.is_file():
@@ -277,18 +278,31 @@ def score(flips_path: Path, issues_path: Path, recall: float = 0.5) -> dict:
     flipped = set(flips["flipped"])
     flagged = set(pd.read_csv(issues_path, keep_default_na=False)["row_id"].astype(int))
     found = len(flagged & flipped)
-    probabilities = np.load(issues_path.parent / "oof_probabilities.npy").astype(np.float64)
-    quality = get_label_quality_scores(np.asarray(flips["noisy_labels"]), probabilities)
-    hits = np.cumsum([row in flipped for row in np.argsort(quality, kind="stable")])
-    reached = int(np.argmax(hits >= recall * len(flipped)))  # the first rank where recall is reached
-    return {
+    record = {
         "flipped": len(flipped),
         "flagged": len(flagged),
         "flagged_and_flipped": found,
         "precision": found / len(flagged) if flagged else None,
         "recall": found / len(flipped) if flipped else None,
-        f"precision_at_recall_{recall}": float(hits[reached] / (reached + 1)),
+        f"precision_at_recall_{recall}": _precision_at_recall(flips, ranked_probabilities(issues_path.parent), recall),
     }
+    if (issues_path.parent / OUT_OF_FOLD_TFIDF).is_file():
+        alone = np.load(issues_path.parent / OUT_OF_FOLD_PROBABILITIES).astype(np.float64)
+        record[f"finetuned_alone_precision_at_recall_{recall}"] = _precision_at_recall(flips, alone, recall)
+    return record
+
+
+def _precision_at_recall(flips: dict, probabilities: np.ndarray, recall: float) -> float:
+    """The share of flips among the lowest-quality reviews, at the first rank where ``recall`` of them is reached."""
+    from cleanlab.rank import get_label_quality_scores
+
+    from finetune.evaluation.label_issues import CLASS_QUALITY_METHOD
+
+    flipped = set(flips["flipped"])
+    quality = get_label_quality_scores(np.asarray(flips["noisy_labels"]), probabilities, method=CLASS_QUALITY_METHOD)
+    hits = np.cumsum([row in flipped for row in np.argsort(quality, kind="stable")])
+    reached = int(np.argmax(hits >= recall * len(flipped)))  # the first rank where recall is reached
+    return float(hits[reached] / (reached + 1))
 
 
 def next_commands(record: dict) -> list[str]:

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 OUT_OF_FOLD_PROBABILITIES = "oof_probabilities.npy"
 OUT_OF_FOLD_ROW_IDS = "oof_row_ids.npy"
+# Beside the fine-tuned folds' probabilities when the ranking averaged them with the TF-IDF folds'.
+OUT_OF_FOLD_TFIDF = "oof_probabilities_tfidf.npy"
 
 
 @dataclass
@@ -131,16 +133,31 @@ def _check_fold_size(output_dir: Path, held_out: int) -> None:
         )
 
 
-def save_out_of_fold(folder: Path, split: FoldedTrainSplit, probabilities: np.ndarray) -> list[Path]:
-    """Write the probabilities (one row per review, one column per class or tag) and the row ids, as ``.npy``."""
+def save_out_of_fold(
+    folder: Path, split: FoldedTrainSplit, probabilities: np.ndarray, tfidf: np.ndarray | None = None
+) -> list[Path]:
+    """Write the probabilities (one row per review, one column per class or tag), the row ids and, where the
+    ranking blended them in, the TF-IDF folds' probabilities, as ``.npy``."""
     from ..config.output_files import output_file
 
     written = []
-    for name, values in (
-        (OUT_OF_FOLD_PROBABILITIES, probabilities.astype(np.float32)),
-        (OUT_OF_FOLD_ROW_IDS, split.row_ids),
-    ):
+    arrays = [(OUT_OF_FOLD_PROBABILITIES, probabilities.astype(np.float32)), (OUT_OF_FOLD_ROW_IDS, split.row_ids)]
+    if tfidf is not None:
+        arrays.append((OUT_OF_FOLD_TFIDF, tfidf.astype(np.float32)))
+    else:  # one left by an earlier blended ranking would be blended into this one's by ranked_probabilities
+        (folder / OUT_OF_FOLD_TFIDF).unlink(missing_ok=True)
+    for name, values in arrays:
         with output_file(folder / name, binary=True) as handle:
             np.save(handle, values)
         written.append(folder / name)
     return written
+
+
+def ranked_probabilities(folder: Path) -> np.ndarray:
+    """The probabilities find-label-issues ranked on, read back from its folder (blended where it blended)."""
+    from ..evaluation.label_issues import blend_probabilities
+
+    probabilities = np.load(folder / OUT_OF_FOLD_PROBABILITIES).astype(np.float64)
+    if (folder / OUT_OF_FOLD_TFIDF).is_file():
+        probabilities = blend_probabilities(probabilities, np.load(folder / OUT_OF_FOLD_TFIDF).astype(np.float64))
+    return probabilities

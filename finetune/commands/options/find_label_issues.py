@@ -22,13 +22,24 @@ class FindLabelIssuesOptions:
         False,
         help="score with the TF-IDF baseline fitted on the same folds instead of fine-tuning K runs (seconds)",
     )
+    finetuned_only: bool = option(
+        False,
+        help="rank on the fine-tuned folds' probabilities alone; by default, with classes, they are averaged with "
+        "the TF-IDF baseline's on the same folds, which found more flipped labels (docs/label-issues.md)",
+    )
 
 
 def run(options: FindLabelIssuesOptions, extra: list[str]) -> None:
     """Rank the recipe's likely label errors."""
     from ..find_label_issues import find_label_issues
 
-    find_label_issues(options.recipe, extra, folds=options.folds, baseline_only=options.baseline_only)
+    find_label_issues(
+        options.recipe,
+        extra,
+        folds=options.folds,
+        baseline_only=options.baseline_only,
+        finetuned_only=options.finetuned_only,
+    )
 
 
 COMMAND = Command(
