@@ -191,3 +191,23 @@ def test_score_ranks_the_blend_the_command_ranked_on(tmp_path):
     assert record["finetuned_alone_precision_at_recall_0.5"] == 0.5  # row 3, then row 1: one flip at rank 2
     (folder / "oof_probabilities_tfidf.npy").unlink()
     assert label_noise.score(flips, folder / "label_issues.csv")["precision_at_recall_0.5"] == 0.5
+
+
+def test_rankings_walk_each_way_of_ranking_the_same_flips(tmp_path):
+    # Class 0's probability per review, all labelled 0, rows 1 and 5 flipped (as above), in two look folders.
+    flips = tmp_path / "flips.json"
+    flips.write_text(json.dumps({"flipped": [1, 5], "noisy_labels": [0] * 8}), encoding="utf-8")
+    columns = {"folds": [0.9, 0.3, 0.8, 0.2, 0.7, 0.4, 0.95, 0.85], "look": [0.9, 0.1, 0.8, 0.9, 0.7, 0.5, 0.95, 0.85]}
+    for name, column in columns.items():
+        (tmp_path / name).mkdir()
+        np.save(tmp_path / name / "oof_probabilities.npy", np.stack([column, 1 - np.asarray(column)], axis=1))
+        np.save(tmp_path / name / "oof_row_ids.npy", np.arange(8))
+    found = label_noise.rankings(flips, tmp_path / "folds", tmp_path / "look")
+    # With two classes every ranking orders by class 0's probability: the fine-tuned folds put row 3 first,
+    # TF-IDF and both means row 1.
+    assert found["fine-tuned, self-confidence"] == found["fine-tuned, normalized margin"] == 0.5
+    assert found["TF-IDF, normalized margin"] == found["mean, normalized margin"] == 1.0
+    assert found["geometric, normalized margin"] == 1.0
+    np.save(tmp_path / "look" / "oof_row_ids.npy", np.arange(1, 9))
+    with pytest.raises(FinetuneError, match="hold other reviews"):
+        label_noise.rankings(flips, tmp_path / "folds", tmp_path / "look")

@@ -16,7 +16,12 @@ pointed at the copy (and ``output_dir`` at ``<output_dir>-noisy-<seed>``, so
 no clean fold run is reused), and ``flips.json``, the flipped row ids
 (positions in the train split find-label-issues reads). A recipe with a
 ``dataset_dir`` may instead be given ``--dataset_dir OUTPUT``. ``score`` gives
-the precision and recall of the flagged rows against the flips.
+the precision and recall of the flagged rows against the flips; ``rankings``
+the precision at recall 0.5 of each way of ranking tried before picking the
+command's (docs/label-issues.md, "How the ranking was picked"), from saved
+out-of-fold probabilities:
+
+    python tools/label_noise.py rankings /tmp/noisy/flips.json FOLDS/label_issues LOOK/label_issues_tfidf
 """
 
 from __future__ import annotations
@@ -292,14 +297,49 @@ def score(flips_path: Path, issues_path: Path, recall: float = 0.5) -> dict:
     return record
 
 
-def _precision_at_recall(flips: dict, probabilities: np.ndarray, recall: float) -> float:
+# The ways of ranking compared before picking the command's: (name, probabilities, cleanlab method).
+RANKINGS = [
+    ("fine-tuned, self-confidence", "finetuned", "self_confidence"),
+    ("fine-tuned, normalized margin", "finetuned", "normalized_margin"),
+    ("TF-IDF, normalized margin", "tfidf", "normalized_margin"),
+    ("mean, self-confidence", "mean", "self_confidence"),
+    ("mean, normalized margin", "mean", "normalized_margin"),
+    ("geometric, normalized margin", "geometric", "normalized_margin"),
+    ("mean, confidence-weighted entropy", "mean", "confidence_weighted_entropy"),
+]
+
+
+def rankings(flips_path: Path, finetuned_folder: Path, tfidf_folder: Path, recall: float = 0.5) -> dict[str, float]:
+    """Precision at ``recall`` of every ranking in RANKINGS, on the probabilities saved in the two folders."""
+    from finetune.pipeline.out_of_fold import OUT_OF_FOLD_PROBABILITIES, OUT_OF_FOLD_ROW_IDS
+
+    for folder in (finetuned_folder, tfidf_folder):
+        if not (folder / OUT_OF_FOLD_PROBABILITIES).is_file():
+            _fail(f"{folder / OUT_OF_FOLD_PROBABILITIES} not found; find-label-issues writes it: check the path")
+    if not np.array_equal(np.load(finetuned_folder / OUT_OF_FOLD_ROW_IDS), np.load(tfidf_folder / OUT_OF_FOLD_ROW_IDS)):
+        _fail(f"{finetuned_folder} and {tfidf_folder} hold other reviews (their row ids differ): give one recipe's two")
+    flips = json.loads(flips_path.read_text(encoding="utf-8"))
+    finetuned = np.load(finetuned_folder / OUT_OF_FOLD_PROBABILITIES).astype(np.float64)
+    tfidf = np.load(tfidf_folder / OUT_OF_FOLD_PROBABILITIES).astype(np.float64)
+    geometric = np.sqrt(finetuned * tfidf)
+    sources = {
+        "finetuned": finetuned,
+        "tfidf": tfidf,
+        "mean": (finetuned + tfidf) / 2,
+        "geometric": geometric / geometric.sum(axis=1, keepdims=True),
+    }
+    return {name: _precision_at_recall(flips, sources[source], recall, method) for name, source, method in RANKINGS}
+
+
+def _precision_at_recall(flips: dict, probabilities: np.ndarray, recall: float, method: str | None = None) -> float:
     """The share of flips among the lowest-quality reviews, at the first rank where ``recall`` of them is reached."""
     from cleanlab.rank import get_label_quality_scores
 
     from finetune.evaluation.label_issues import CLASS_QUALITY_METHOD
 
     flipped = set(flips["flipped"])
-    quality = get_label_quality_scores(np.asarray(flips["noisy_labels"]), probabilities, method=CLASS_QUALITY_METHOD)
+    method = method or CLASS_QUALITY_METHOD
+    quality = get_label_quality_scores(np.asarray(flips["noisy_labels"]), probabilities, method=method)
     hits = np.cumsum([row in flipped for row in np.argsort(quality, kind="stable")])
     reached = int(np.argmax(hits >= recall * len(flipped)))  # the first rank where recall is reached
     return float(hits[reached] / (reached + 1))
@@ -338,14 +378,21 @@ def main() -> None:
     score_step = steps.add_parser("score")
     score_step.add_argument("flips", type=Path)
     score_step.add_argument("issues", type=Path)
+    rankings_step = steps.add_parser("rankings")
+    rankings_step.add_argument("flips", type=Path)
+    rankings_step.add_argument("finetuned_folder", type=Path)
+    rankings_step.add_argument("tfidf_folder", type=Path)
     args = parser.parse_args()
     try:
         if args.step == "flip":
             record = flip(args.recipe, args.seed, args.share, args.output)
             print(f"flipped {len(record['flipped'])} of {record['train_reviews']} training labels", file=sys.stderr)
             print("\n".join(next_commands(record)))
-        else:
+        elif args.step == "score":
             print(json.dumps(score(args.flips, args.issues), indent=2))
+        else:
+            found = rankings(args.flips, args.finetuned_folder, args.tfidf_folder)
+            print("\n".join(f"{name}: {precision:.3f}" for name, precision in found.items()))
     except FinetuneError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
