@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import random
+import sys
 from pathlib import Path
 
 import datasets
@@ -171,3 +173,12 @@ def padded_batch(tokenizer, samples: int = 6) -> dict:
     batch = DataCollatorWithPadding(tokenizer)(features)
     assert bool((batch["attention_mask"] == 0).any()), "the batch must have padding to test the masks"
     return batch
+
+
+def load_tool(name: str):
+    """tools/<name>.py as a module (the tools are scripts, not a package), registered in sys.modules."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent.parent / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass in the tool looks its module up there
+    spec.loader.exec_module(module)
+    return module

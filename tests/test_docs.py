@@ -11,12 +11,12 @@ in its table (``markdown_tables.py``), named by file and line.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 import shlex
 from pathlib import Path
 
 import pytest
+from helpers import load_tool
 from markdown_tables import read_tables
 
 from finetune.cli import build_cli
@@ -26,15 +26,7 @@ from finetune.config.recipes import ALIASES, valid_keys
 PROJECT = Path(__file__).parent.parent
 
 
-def _reference_tool():
-    """tools/recipes_reference.py, the MkDocs hook that writes the recipes reference."""
-    spec = importlib.util.spec_from_file_location("recipes_reference", PROJECT / "tools" / "recipes_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REFERENCE_TOOL = _reference_tool()
+REFERENCE_TOOL = load_tool("recipes_reference")  # the MkDocs hook that writes the recipes reference
 try:
     REFERENCE, REFERENCE_ERROR = REFERENCE_TOOL.render(), None
 except Exception as error:  # reported by the reference's own test below, not as an error collecting every test here

@@ -16,7 +16,6 @@ not installed (.ci/run installs them).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
 import shutil
@@ -28,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
+from helpers import load_tool
 from markdown_tables import read_tables
 
 from finetune.config.arguments import DataArguments, FinetuneTrainingArguments, ModelArguments
@@ -119,9 +119,7 @@ def markdown_pages() -> list[tuple[str, str]]:
         (str(path.relative_to(PROJECT / "docs")), path.read_text(encoding="utf-8"))
         for path in sorted((PROJECT / "docs").rglob("*.md"))
     ]
-    spec = importlib.util.spec_from_file_location("recipes_reference", PROJECT / "tools" / "recipes_reference.py")
-    reference = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reference)
+    reference = load_tool("recipes_reference")
     return [*pages, (reference.PAGE, reference.render())]
 
 

@@ -8,15 +8,14 @@ used through the catalog when present. No model is trained.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from helpers import load_tool
 
 from finetune.config.recipes import load_recipe
 from finetune.errors import FinetuneError
@@ -28,15 +27,7 @@ CLASSES = ["negative", "neutral", "positive"]
 HEADER = "\tdrugName\tcondition\treview\trating\tdate\tusefulCount\n"
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("label_noise", PROJECT / "tools" / "label_noise.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["label_noise"] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-label_noise = _tool()
+label_noise = load_tool("label_noise")
 
 
 def _tsv(labels: list[str], first_id: int) -> str:

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from helpers import load_tool
 from sklearn.metrics import f1_score, precision_recall_fscore_support
-
-PROJECT = Path(__file__).parent.parent
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("tag_lead", PROJECT / "tools" / "tag_lead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("leave_out", [(), ("b",), ("a", "c")])
@@ -32,4 +21,6 @@ def test_micro_f1_from_per_tag_counts_is_scikit_learns(leave_out):
     }
     silenced = predicted.copy()
     silenced[:, [names.index(name) for name in leave_out]] = False  # never predicted
-    assert _tool().micro_f1(per_tag, leave_out) == pytest.approx(f1_score(truth, silenced, average="micro"))
+    assert load_tool("tag_lead").micro_f1(per_tag, leave_out) == pytest.approx(
+        f1_score(truth, silenced, average="micro")
+    )
