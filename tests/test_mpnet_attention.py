@@ -1,5 +1,8 @@
 """MPNet's attention through SDPA computes what transformers' eager MPNet computes.
 
+The checks every family shares (packed rows, prediction, the accumulation
+contract by count, token budget and packed) are in test_fast_path_families.py.
+
 The reference is transformers' own MPNet (eager attention, the relative-position
 bias added to materialised scores), never the fused code under test.
 """
@@ -11,7 +14,8 @@ import copy
 import pytest
 import torch
 from helpers import flat_parameters, padded_batch, reference_sgd_steps, review_dataset, sgd_args
-from transformers import DataCollatorWithPadding, MPNetConfig, MPNetForSequenceClassification
+from tiny_families import tiny_mpnet
+from transformers import DataCollatorWithPadding
 
 import finetune.fast_path.mpnet as mpnet_attention
 from finetune import ReviewTrainer
@@ -20,32 +24,8 @@ from finetune.fast_path import readings
 from finetune.fast_path.mpnet import FusedMPNetAttention
 from finetune.fast_path.packed_attention import PackedReading
 from finetune.fast_path.review_attention import biased_attention_with_dropout
-from finetune.training.micro_batches import pack
 
 TOLERANCE = 1e-5
-
-
-def tiny_mpnet(tokenizer, dropout: float = 0.0) -> MPNetForSequenceClassification:
-    """A 2-layer MPNet classifier (hidden 32, 3 labels) over the packaged WordPiece vocabulary."""
-    torch.manual_seed(0)
-    config = MPNetConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=160,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-        pad_token_id=tokenizer.pad_token_id,  # MPNet counts positions from its padding id
-        num_labels=3,
-        initializer_range=0.2,  # weights large enough that every gradient, the bias's too, is well above rounding
-    )
-    model = MPNetForSequenceClassification(config)
-    # A visible bias: at init the relative-position table is near zero and would hide a dropped bias.
-    with torch.no_grad():
-        model.mpnet.encoder.relative_attention_bias.weight.normal_(0, 1.0)
-    return model
 
 
 def logits_and_gradients(model, batch, fused: bool):
@@ -209,44 +189,13 @@ def test_predictions_equal_the_eager_model(tokenizer, monkeypatch):
 
 
 # ---------------------------------------------------------------- packed rows (padding_free)
+# Packed rows against the eager padded batch and the contract when packed: test_fast_path_families.py.
 
 
-def padded_and_packed_mpnet(model, tokenizer, position_offset: int, max_group_scores: int | None = None):
-    """Logits and gradients of the eager model on a padded batch, and of the packed reading on the same reviews.
-
-    ``max_group_scores`` caps the packed row's attention groups, as on a CPU (1: a review a group).
-    """
-    batch = padded_batch(tokenizer)
-    results = [logits_and_gradients(model, batch, fused=False)]
-    packed_model = copy.deepcopy(model).train()
-    reading = PackedReading(packed_model)
-    output = packed_model(**pack(batch, position_offset=position_offset, max_group_scores=max_group_scores))
-    output.loss.backward()
-    reading.remove()
-    results.append((output.logits.detach(), {n: p.grad for n, p in packed_model.named_parameters()}))
-    return results
-
-
-@pytest.mark.parametrize("max_group_scores", [None, 1])
-def test_packed_rows_equal_the_eager_padded_batch(tokenizer, max_group_scores):
-    model = tiny_mpnet(tokenizer)
-    offset = readings.position_offset(model)
-    assert offset == 2  # MPNet counts positions from its padding id (1) + 1
-    (logits, gradients), (packed_logits, packed_gradients) = padded_and_packed_mpnet(
-        model, tokenizer, offset, max_group_scores
-    )
-    assert packed_logits.shape == logits.shape
-    assert torch.allclose(packed_logits, logits, atol=TOLERANCE)
-    assert gradients["mpnet.encoder.relative_attention_bias.weight"].abs().max() > 1e-3
-    for name, gradient in gradients.items():
-        assert torch.allclose(packed_gradients[name], gradient, atol=TOLERANCE), name
-
-
-def test_packed_rows_with_bert_s_positions_are_caught(tokenizer):
-    """The same comparison fails when positions count from 0, as BERT's do: the check sees positions."""
-    model = tiny_mpnet(tokenizer)
-    (logits, _), (packed_logits, _) = padded_and_packed_mpnet(model, tokenizer, position_offset=0)
-    assert not torch.allclose(packed_logits, logits, atol=TOLERANCE)
+def test_positions_start_after_mpnet_s_own_padding_id(tokenizer):
+    """MPNet's embeddings count positions from padding id 1 (set in transformers), whatever the tokenizer pads with."""
+    assert tokenizer.pad_token_id == 0
+    assert readings.position_offset(tiny_mpnet(tokenizer)) == 2
 
 
 def test_packed_reading_removed_leaves_no_hook_nor_forward(tokenizer):
@@ -256,17 +205,3 @@ def test_packed_reading_removed_leaves_no_hook_nor_forward(tokenizer):
     reading.remove()
     assert not model._forward_pre_hooks and not model._forward_hooks
     assert not any("forward" in vars(module) for module in model.modules())
-
-
-@pytest.mark.parametrize("token_budget", [40, 100_000])
-def test_review_trainer_packs_mpnet_and_keeps_the_contract(tokenizer, tmp_path, token_budget):
-    """padding_free on MPNet: every update equals one full-batch step of the eager model on its window."""
-    model = tiny_mpnet(tokenizer)
-    dataset = review_dataset(tokenizer, 10)
-    collator = DataCollatorWithPadding(tokenizer)
-    reference = reference_sgd_steps(model, dataset, collator, window_samples=6)
-    trained = copy.deepcopy(model)
-    args = sgd_args(tmp_path, 3, 2, padding_free=True, micro_batch_tokens=token_budget)
-    ReviewTrainer(model=trained, args=args, train_dataset=dataset, data_collator=collator).train()
-    assert torch.allclose(flat_parameters(trained), reference, atol=TOLERANCE)
-    assert not trained._forward_pre_hooks
