@@ -136,8 +136,10 @@ def _check_fold_size(output_dir: Path, held_out: int) -> None:
 def save_out_of_fold(
     folder: Path, split: FoldedTrainSplit, probabilities: np.ndarray, tfidf: np.ndarray | None = None
 ) -> list[Path]:
-    """Write the probabilities (one row per review, one column per class or tag), the row ids and, where the
-    ranking blended them in, the TF-IDF folds' probabilities, as ``.npy``."""
+    """Write the probabilities (a row per review, a column per class or tag) and row ids as ``.npy``.
+
+    ``tfidf``: the TF-IDF folds' probabilities, where the ranking blended them in, written beside.
+    """
     from ..config.output_files import output_file
 
     written = []
