@@ -14,7 +14,7 @@ in its ``COMMANDS``; the parser and ``--help`` are generated from them
 | ``check RECIPE DATASET [--seeds N] [--teacher RUN] [--field value ...]`` | :func:`finetune.commands.check.check` |
 | ``evaluate PATH [PATH ...] [--data FILE] [--calibrate]`` | :func:`finetune.commands.evaluate.evaluate` |
 | ``baseline RECIPE [--output FILE]`` | :func:`finetune.commands.baseline.baseline` |
-| ``find-label-issues RECIPE [--folds K] [--baseline_only]`` | :mod:`finetune.commands.find_label_issues` |
+| ``find-label-issues RECIPE [--folds K] [--baseline_only] [--finetuned_only]`` | ``commands/find_label_issues.py`` |
 | ``tune RECIPE --trials N [--output DIR]`` | :func:`finetune.commands.tune.tune` |
 | ``predict MODEL [--input FILE] [--output FILE] [--explain]`` | :func:`finetune.commands.predict.predict` |
 | ``export MODEL --int8 [--output DIR] [--backend B] [--fp32_fallback M]`` | :func:`finetune.commands.export.export` |
