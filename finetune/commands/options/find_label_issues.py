@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .fields import Command, argument, option
+from .fields import Command, argument, as_keywords, option
 
 
 @dataclass(frozen=True)
@@ -33,13 +33,7 @@ def run(options: FindLabelIssuesOptions, extra: list[str]) -> None:
     """Rank the recipe's likely label errors."""
     from ..find_label_issues import find_label_issues
 
-    find_label_issues(
-        options.recipe,
-        extra,
-        folds=options.folds,
-        baseline_only=options.baseline_only,
-        finetuned_only=options.finetuned_only,
-    )
+    find_label_issues(options.recipe, extra, **as_keywords(options, leave_out=("recipe",)))
 
 
 COMMAND = Command(
