@@ -8,9 +8,11 @@ from sklearn.metrics import accuracy_score, f1_score, hamming_loss, precision_sc
 
 from finetune.evaluation.multi_label import (
     DEFAULT_THRESHOLD,
+    MIN_POSITIVES_TO_TUNE,
     predicted_tags,
     tag_score_intervals,
     tag_scores,
+    too_rare_to_tune,
     tune_thresholds,
 )
 
@@ -65,7 +67,8 @@ def brute_force_threshold(scores: np.ndarray, truth: np.ndarray) -> float:
 @pytest.mark.parametrize("seed", [0, 3])
 def test_tuned_thresholds_reach_each_tags_best_f1(seed):
     truth, probabilities = random_tags(50, 3, seed)
-    thresholds = tune_thresholds(probabilities, truth)
+    # The search itself, on every tag (a real run leaves tags under MIN_POSITIVES_TO_TUNE at 0.5).
+    thresholds = tune_thresholds(probabilities, truth, min_positives=1)
     for tag in range(3):
         tuned_f1 = f1_score(truth[:, tag], probabilities[:, tag] >= thresholds[tag], zero_division=0)
         assert tuned_f1 == pytest.approx(brute_force_threshold(probabilities[:, tag], truth[:, tag]))
@@ -74,10 +77,25 @@ def test_tuned_thresholds_reach_each_tags_best_f1(seed):
 def test_a_tag_on_no_review_keeps_the_default_threshold_and_ties_stay_near_it():
     probabilities = np.array([[0.9, 0.2], [0.1, 0.3], [0.8, 0.1]])
     truth = np.array([[1, 0], [0, 0], [1, 0]], dtype=bool)
-    thresholds = tune_thresholds(probabilities, truth)
+    thresholds = tune_thresholds(probabilities, truth, min_positives=1)
     assert thresholds[1] == DEFAULT_THRESHOLD
     # The first tag is separated perfectly by the midpoint of 0.1 and 0.8 (0.45), the candidate nearest 0.5.
     assert thresholds[0] == pytest.approx(0.45)
+
+
+def test_a_tag_on_too_few_reviews_keeps_the_default_threshold_and_is_named():
+    # A tag the model cannot read: its probabilities are noise, and F1 alone would pick the threshold that
+    # gives it to most reviews (any F1 beats none). One review short of the minimum it stays at 0.5.
+    rng = np.random.default_rng(7)
+    probabilities = rng.random((400, 2)) * 0.6
+    truth = np.zeros((400, 2), dtype=bool)
+    truth[: MIN_POSITIVES_TO_TUNE - 1, 0] = True
+    truth[:MIN_POSITIVES_TO_TUNE, 1] = True
+    thresholds = tune_thresholds(probabilities, truth)
+    assert thresholds[0] == DEFAULT_THRESHOLD
+    assert thresholds[1] == pytest.approx(tune_thresholds(probabilities, truth, min_positives=1)[1])
+    assert thresholds[1] < 0.5
+    assert too_rare_to_tune(truth, ["trend", "petite"]) == {"trend": MIN_POSITIVES_TO_TUNE - 1}
 
 
 def test_intervals_hold_the_scores_and_narrow_with_more_reviews():

@@ -338,7 +338,16 @@ def _thresholds(test: dict[str, Any]) -> list[str]:
         "| --- | --- |",
         *(f"| {name} | {value:.3f} |" for name, value in test["thresholds"].items()),
         "",
+        *_untuned_thresholds(test.get("thresholds_untuned", {})),
     ]
+
+
+def _untuned_thresholds(untuned: dict[str, int]) -> list[str]:
+    """A line naming the tags whose threshold stayed at 0.5 because validation held too few of them."""
+    if not untuned:
+        return []
+    named = ", ".join(f"{name} ({count} validation reviews)" for name, count in untuned.items())
+    return [f"Too rare on validation to tune, so kept at 0.5: {named}.", ""]
 
 
 def _distillation(run: dict[str, Any], test: dict[str, Any] | None, trade: dict[str, Any] | None) -> list[str]:

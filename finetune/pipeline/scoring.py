@@ -82,7 +82,7 @@ def _score_tags(trainer: Any, inputs: RunInputs) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from ..evaluation.multi_label import multi_label_report
+    from ..evaluation.multi_label import MIN_POSITIVES_TO_TUNE, multi_label_report
 
     def probabilities_and_labels(split: str) -> tuple[np.ndarray, np.ndarray]:
         prediction = trainer.predict(inputs.encoded[split], metric_key_prefix=split)
@@ -93,10 +93,24 @@ def _score_tags(trainer: Any, inputs: RunInputs) -> dict[str, Any]:
     if validation is None and trainer.args.should_log:
         print("no validation split: every tag's threshold is 0.5", file=sys.stderr)
     report = multi_label_report(*probabilities_and_labels("test"), inputs.data.label_names, validation)
+    untuned = report.get("thresholds_untuned", {})
+    if untuned and trainer.args.should_log:
+        print(
+            f"note: too few validation reviews to tune a threshold on (under {MIN_POSITIVES_TO_TUNE}): "
+            f"{_too_rare(untuned)}; each keeps 0.5",
+            file=sys.stderr,
+        )
     trainer.save_metrics("test", {"test_micro_f1": report["micro_f1"], "test_macro_f1": report["macro_f1"]})
     if trainer.is_world_process_zero():
         output_dir = Path(trainer.args.output_dir)
         thresholds = {"thresholds": report["thresholds"], "tuned_on": report["thresholds_tuned_on"]}
+        if untuned:
+            thresholds["untuned"] = untuned
         write_output_text(output_dir / THRESHOLDS_FILE, json.dumps(thresholds, indent=2) + "\n")
         write_output_text(output_dir / "test_report.json", json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _too_rare(untuned: dict[str, int]) -> str:
+    """``trend (9), ...``: the tags too rare to tune, with their validation review counts."""
+    return ", ".join(f"{name} ({count})" for name, count in untuned.items())
