@@ -27,9 +27,9 @@ from .bootstrap import paired_record
 # Where a tag cannot be tuned (no validation split, or too few validation reviews with the tag).
 DEFAULT_THRESHOLD = 0.5
 # Fewer validation reviews with a tag than this and its threshold stays at DEFAULT_THRESHOLD. Below it,
-# one review moves the tag's F1 by five points or more, and a tag the model cannot read gets the
-# threshold that gives it to every review the model is least sure of (any F1 beats the 0 of giving
-# it to none): clothing-tags' `trend`, tuned on 9 reviews to 0.06, was given to about 600 of 2,000.
+# one review moves the tag's F1 by five points or more, and a tag the model cannot read is tuned to a
+# threshold low enough to give it to many reviews (any F1 beats the 0 of giving it to none):
+# clothing-tags' `trend`, tuned on 9 reviews to 0.06, was given to about 600 of 2,000 test reviews.
 MIN_POSITIVES_TO_TUNE = 20
 # Resamples drawn at once: memory is this many rows of one weight per review.
 RESAMPLES_AT_ONCE = 64
