@@ -50,9 +50,8 @@ def tune_thresholds(
     """
     probabilities, labels = _as_rows(probabilities), _as_rows(labels).astype(bool)
     thresholds = np.full(probabilities.shape[1], DEFAULT_THRESHOLD)
-    for tag in range(probabilities.shape[1]):
-        if labels[:, tag].sum() >= max(min_positives, 1):
-            thresholds[tag] = _best_threshold(probabilities[:, tag], labels[:, tag])
+    for tag in np.flatnonzero(_enough_to_tune(labels, min_positives)):
+        thresholds[tag] = _best_threshold(probabilities[:, tag], labels[:, tag])
     return thresholds
 
 
@@ -60,8 +59,14 @@ def too_rare_to_tune(
     labels: np.ndarray, tag_names: list[str], min_positives: int = MIN_POSITIVES_TO_TUNE
 ) -> dict[str, int]:
     """The tags :func:`tune_thresholds` leaves at ``DEFAULT_THRESHOLD`` on these ``labels``, with their counts."""
-    counts = _as_rows(labels).astype(bool).sum(axis=0)
-    return {name: int(count) for name, count in zip(tag_names, counts) if count < max(min_positives, 1)}
+    labels = _as_rows(labels).astype(bool)
+    counts, tunable = labels.sum(axis=0), _enough_to_tune(labels, min_positives)
+    return {name: int(count) for name, count, tuned in zip(tag_names, counts, tunable) if not tuned}
+
+
+def _enough_to_tune(labels: np.ndarray, min_positives: int) -> np.ndarray:
+    """Per tag, whether enough of these reviews hold it to tune its threshold on (at least one, always)."""
+    return labels.sum(axis=0) >= max(min_positives, 1)
 
 
 def _best_threshold(scores: np.ndarray, truth: np.ndarray) -> float:
